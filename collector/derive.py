@@ -1,0 +1,704 @@
+"""Derived SLIs from consecutive snapshots of one Triton target, reset-aware.
+
+``Deriver`` keeps, per target, the last ``(ts, value)`` of every counter series it uses and turns
+each new :class:`~schemas.samples.Snapshot` into ``sli:*`` samples for the interval that ends at
+``snap.ts``.  Formulas and traps: reference/triton-metrics.md §0, §3, §4, §6, §7.  Every output
+name is documented in :data:`SLI_CATALOG`.
+
+How the counters are read (the parts that are easy to get wrong):
+
+* **Resets.**  A counter that went down restarted (server restart, model reload, unload+load):
+  its increase is the new value, exactly as Prometheus ``increase()`` does, so a restart never
+  yields a negative rate nor a spike.  (A reset that climbs past the old value before the next
+  scrape is invisible, as in Prometheus.)
+* **Per series first, then sum.**  Deltas are taken per raw series and only then summed per
+  model over ``gpu_uuid``, ``_tag`` labels and any other label except ``model``, ``version`` and
+  ``namespace``.  A reset on one ``gpu_uuid`` series therefore cannot corrupt the sum.
+* **No rate without a baseline.**  A series seen for the first time, or whose previous sample is
+  more than ``max_gap_s`` old, contributes no delta for that interval; a ratio is skipped when
+  its denominator did not move.
+* **Sources.**  A snapshot may come from ``/metrics``, from the statistics API (families named
+  ``triton_stats_*``), or hold both.  State is kept per source; a snapshot replaces the state of
+  each source it contains, so series that disappeared are dropped (bounded memory) while the
+  other source's state survives for the next alternate snapshot.  A source absent for longer
+  than ``max_gap_s`` is forgotten.  When both sources describe the same model in one snapshot,
+  the ``/metrics`` counters win for the request-level SLIs (one value per name, labels and ts).
+* **Counter spellings.**  prometheus_client renames counter samples to ``<family>_total``; both
+  spellings are accepted and share one state key.
+
+Performance: one pass over the samples with one dict lookup per sample name; only samples of
+the few families used here go further.  Everything else is aggregated per model afterwards.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Mapping
+from typing import NamedTuple
+
+from schemas.samples import Labels, Sample, Snapshot, label_value, make_labels
+from schemas.triton import ModelConfigInfo
+
+logger = logging.getLogger(__name__)
+
+
+class SliSpec(NamedTuple):
+    unit: str
+    labels: tuple[str, ...]
+    description: str
+
+
+_M = ("model", "version", "namespace?")
+_G = ("gpu_uuid",)
+
+#: Every SLI this module emits: name → unit, labels (``namespace?`` = only when Triton runs with
+#: model namespacing) and meaning.  The README and the dashboard are generated from this table.
+SLI_CATALOG: dict[str, SliSpec] = {
+    # Request-level, from nv_inference_* (or the stats API when /metrics has none for the model).
+    "sli:request_rate": SliSpec("req/s", _M, "Successful requests per second (cache hits in)"),
+    "sli:inference_rate": SliSpec("inferences/s", _M, "Inferences (batch items) per second"),
+    "sli:execution_rate": SliSpec("executions/s", _M, "Model executions (batches) per second"),
+    "sli:failure_rate": SliSpec(
+        "req/s",
+        (*_M, "reason"),
+        "Failed requests per second per reason; reason=ALL when the source has no reason "
+        "label (Triton before 24.07, stats API)",
+    ),
+    "sli:success_ratio": SliSpec("ratio", _M, "Δsuccess / (Δsuccess + ΣΔfailure)"),
+    "sli:avg_batch_size": SliSpec("inferences/execution", _M, "Δinference_count / Δexec_count"),
+    "sli:batch_fill_rate": SliSpec(
+        "ratio", _M, "avg_batch_size / max_batch_size; absent when max_batch_size is 0 or unknown"
+    ),
+    "sli:requests_per_execution": SliSpec(
+        "requests/execution", _M, "Δsuccess / Δexec_count (dynamic-batching effectiveness)"
+    ),
+    "sli:queue_time_seconds": SliSpec("s", _M, "Average queue time per successful request"),
+    "sli:compute_time_seconds": SliSpec(
+        "s", _M, "Average compute input+infer+output per request (batch time charged per request)"
+    ),
+    "sli:request_time_seconds": SliSpec("s", _M, "Average server-side request time"),
+    "sli:queue_compute_ratio": SliSpec("ratio", _M, "Δqueue time / Δcompute_infer time"),
+    "sli:pending_requests": SliSpec("requests", _M, "Requests queued in Triton (gauge)"),
+    "sli:cache_hit_ratio": SliSpec("ratio", _M, "Response cache Δhits / (Δhits + Δmisses)"),
+    # TensorRT-LLM gauges (latest executor iteration).
+    "sli:kv_cache_utilization": SliSpec("ratio", _M, "KV-cache used / max blocks (or fraction)"),
+    "sli:kv_cache_free_blocks": SliSpec("blocks", _M, "Free KV-cache blocks"),
+    "sli:kv_cache_reuse_ratio": SliSpec("ratio", _M, "KV-cache reused / used blocks"),
+    "sli:inflight_batch_fill": SliSpec("ratio", _M, "In-flight batch scheduled / max requests"),
+    "sli:llm_active_requests": SliSpec("requests", _M, "Requests in the TRT-LLM executor"),
+    "sli:llm_waiting_requests": SliSpec(
+        "requests", _M, "Requests waiting for a batch slot (waiting, else active - scheduled)"
+    ),
+    "sli:llm_paused_requests": SliSpec("requests", _M, "Paused (preempted) requests"),
+    # LLM latency and token throughput.
+    "sli:ttft_seconds": SliSpec(
+        "s",
+        _M,
+        "Mean time to first token: Triton's nv_inference_first_response_histogram_ms when the "
+        "model has it, else vllm:time_to_first_token_seconds",
+    ),
+    "sli:itl_seconds": SliSpec("s", _M, "Mean inter-token latency (vLLM)"),
+    "sli:e2e_seconds": SliSpec("s", _M, "Mean end-to-end latency of finished requests (vLLM)"),
+    "sli:generation_tokens_rate": SliSpec(
+        "tokens/s", _M, "Generated tokens per second (vLLM, else TRT-LLM nv_llm_output_token_len)"
+    ),
+    "sli:prompt_tokens_rate": SliSpec(
+        "tokens/s", _M, "Prompt tokens per second (vLLM, else TRT-LLM nv_llm_input_token_len)"
+    ),
+    # GPU (DCGM inside Triton); a GPU whose gauges all read 0 is a DCGM failure and is skipped.
+    "sli:gpu_utilization": SliSpec("ratio", _G, "GPU utilization, 0-1"),
+    "sli:gpu_memory_used_ratio": SliSpec("ratio", _G, "GPU memory used / total"),
+    "sli:gpu_power_ratio": SliSpec("ratio", _G, "GPU power usage / limit"),
+    "sli:gpu_power_watts": SliSpec("W", _G, "GPU power usage"),
+    "sli:energy_per_inference_joules": SliSpec(
+        "J/inference",
+        (),
+        "Server-wide ΔΣenergy / ΔΣnv_inference_count (ensembles excluded from the count)",
+    ),
+    # Statistics API only.
+    "sli:preferred_batch_hit_ratio": SliSpec(
+        "ratio", _M, "Share of executions whose batch size is a preferred_batch_size"
+    ),
+    "sli:stats_batch_fill_rate": SliSpec(
+        "ratio", _M, "Exact fill rate from batch_stats: ΣΔ(bs·executions)/ΣΔexecutions/max_batch"
+    ),
+    "sli:gpu_busy_seconds_rate": SliSpec(
+        "s/s", _M, "Model execution busy time per second, ΣΔbatch compute_infer (per instance sum)"
+    ),
+    "sli:server_ttft_seconds": SliSpec("s", _M, "response_stats[0] success time per response"),
+    "sli:server_itl_seconds": SliSpec("s", _M, "response_stats[k≥1] success time per response"),
+}
+
+# --- the input table ------------------------------------------------------------------------
+
+_METRICS = 0
+_STATS = 1
+
+# What a sample feeds.  Small ints keep the per-sample dispatch a cheap comparison chain.
+_COUNTER = 0  # model-level counter → _Acc.d[field]
+_FAILURE = 1  # model-level counter split by ``reason``
+_BATCH_EXEC = 2  # stats counter split by ``batch_size``
+_RESP_NS = 3  # stats counter split by response ``index``
+_RESP_COUNT = 4
+_MODEL_GAUGE = 5  # model-level gauge → _Acc.g[field] (summed)
+_TRTLLM_GAUGE = 6  # model-level gauge with a category label → _Acc.g[field + category]
+_GPU_GAUGE = 7  # per gpu_uuid gauge
+_ENERGY = 8  # per gpu_uuid counter
+
+
+class _Role(NamedTuple):
+    key: str  # canonical name, the state key (both counter spellings map to one)
+    kind: int
+    field: str  # accumulator field; for _TRTLLM_GAUGE the category label name
+    scale: float  # to seconds (durations) or 1
+    source: int
+
+
+_US = 1e-6
+_NS = 1e-9
+_MS = 1e-3
+
+# (family, kind, field, scale); counters are registered under both spellings, histograms through
+# their ``_sum``/``_count`` samples only (the buckets are left to the store's quantile queries).
+_COUNTERS = (
+    ("nv_inference_request_success", _COUNTER, "success", 1.0),
+    ("nv_inference_request_failure", _FAILURE, "fail", 1.0),
+    ("nv_inference_count", _COUNTER, "count", 1.0),
+    ("nv_inference_exec_count", _COUNTER, "exec", 1.0),
+    ("nv_inference_request_duration_us", _COUNTER, "request_s", _US),
+    ("nv_inference_queue_duration_us", _COUNTER, "queue_s", _US),
+    ("nv_inference_compute_input_duration_us", _COUNTER, "cin_s", _US),
+    ("nv_inference_compute_infer_duration_us", _COUNTER, "cinf_s", _US),
+    ("nv_inference_compute_output_duration_us", _COUNTER, "cout_s", _US),
+    ("nv_cache_num_hits_per_model", _COUNTER, "cache_hit", 1.0),
+    ("nv_cache_num_misses_per_model", _COUNTER, "cache_miss", 1.0),
+    ("vllm:prompt_tokens", _COUNTER, "vllm_prompt", 1.0),
+    ("vllm:generation_tokens", _COUNTER, "vllm_gen", 1.0),
+    ("nv_energy_consumption", _ENERGY, "energy", 1.0),
+    ("triton_stats_inference_count", _COUNTER, "count", 1.0),
+    ("triton_stats_execution_count", _COUNTER, "exec", 1.0),
+    ("triton_stats_success_count", _COUNTER, "success", 1.0),
+    ("triton_stats_success_ns", _COUNTER, "request_s", _NS),
+    ("triton_stats_fail_count", _FAILURE, "fail", 1.0),
+    ("triton_stats_queue_ns", _COUNTER, "queue_s", _NS),
+    ("triton_stats_compute_input_ns", _COUNTER, "cin_s", _NS),
+    ("triton_stats_compute_infer_ns", _COUNTER, "cinf_s", _NS),
+    ("triton_stats_compute_output_ns", _COUNTER, "cout_s", _NS),
+    ("triton_stats_cache_hit_count", _COUNTER, "cache_hit", 1.0),
+    ("triton_stats_cache_miss_count", _COUNTER, "cache_miss", 1.0),
+    ("triton_stats_batch_executions", _BATCH_EXEC, "batch_exec", 1.0),
+    ("triton_stats_batch_compute_infer_ns", _COUNTER, "busy_s", _NS),
+    ("triton_stats_response_success_count", _RESP_COUNT, "resp_count", 1.0),
+    ("triton_stats_response_success_ns", _RESP_NS, "resp_s", _NS),
+)
+_HISTOGRAMS = (
+    ("nv_inference_first_response_histogram_ms", "ttft", _MS),
+    ("vllm:time_to_first_token_seconds", "vllm_ttft", 1.0),
+    ("vllm:time_per_output_token_seconds", "vllm_itl", 1.0),
+    ("vllm:e2e_request_latency_seconds", "vllm_e2e", 1.0),
+    ("nv_llm_input_token_len", "trtllm_prompt", 1.0),
+    ("nv_llm_output_token_len", "trtllm_gen", 1.0),
+)
+_GAUGES = (
+    ("nv_inference_pending_request_count", _MODEL_GAUGE, "pending"),
+    ("nv_trt_llm_kv_cache_block_metrics", _TRTLLM_GAUGE, "kv_cache_block_type"),
+    ("nv_trt_llm_request_metrics", _TRTLLM_GAUGE, "request_type"),
+    ("nv_trt_llm_inflight_batcher_metrics", _TRTLLM_GAUGE, "inflight_batcher_specific_metric"),
+    ("nv_gpu_utilization", _GPU_GAUGE, "util"),
+    ("nv_gpu_memory_used_bytes", _GPU_GAUGE, "mem_used"),
+    ("nv_gpu_memory_total_bytes", _GPU_GAUGE, "mem_total"),
+    ("nv_gpu_power_usage", _GPU_GAUGE, "power"),
+    ("nv_gpu_power_limit", _GPU_GAUGE, "power_limit"),
+)
+
+
+def _build_roles() -> dict[str, _Role]:
+    roles: dict[str, _Role] = {}
+    for family, kind, fld, scale in _COUNTERS:
+        src = _STATS if family.startswith("triton_stats_") else _METRICS
+        role = _Role(family, kind, fld, scale, src)
+        roles[family] = role
+        roles[family + "_total"] = role
+    for family, fld, scale in _HISTOGRAMS:
+        roles[family + "_sum"] = _Role(family + "_sum", _COUNTER, fld + "_sum", scale, _METRICS)
+        roles[family + "_count"] = _Role(family + "_count", _COUNTER, fld + "_count", 1.0, _METRICS)
+    for family, kind, fld in _GAUGES:
+        roles[family] = _Role(family, kind, fld, 1.0, _METRICS)
+    return roles
+
+
+_ROLES = _build_roles()
+
+#: The raw family names this module reads (as collector/metric_map.py spells them).
+INPUT_FAMILIES: frozenset[str] = frozenset(
+    [f for f, *_ in _COUNTERS if not f.startswith("vllm:")]
+    + [f + "_total" for f, *_ in _COUNTERS if f.startswith("vllm:")]
+    + [f for f, *_ in _HISTOGRAMS]
+    + [f for f, *_ in _GAUGES]
+)
+
+# KV-cache sanity: TRT-LLM computes used = max - free, so anything further off than this means
+# the positional label values shifted (a missing JSON key, §3) and the numbers are garbage.
+_KV_TOLERANCE = 0.05
+# ``fraction`` is used/max as TRT-LLM computes it; allow for the gauges being written one by one.
+_KV_FRACTION_TOLERANCE = 0.02
+
+# The fields that make a source "have" a model's request-level counters (precedence above).
+_CORE_FIELDS = frozenset(
+    {"success", "fail", "count", "exec", "request_s", "queue_s", "cin_s", "cinf_s", "cout_s"}
+)
+
+ModelKey = tuple[str, str, str | None]  # model, version, namespace
+_State = dict[tuple[str, Labels], tuple[float, float]]
+_Emit = Callable[[str, float | None], None]
+
+
+class _Acc:
+    """What one pass gathered for one model from one source."""
+
+    __slots__ = ("batch_exec", "d", "dt", "fail", "g", "resp_count", "resp_s", "seen")
+
+    def __init__(self) -> None:
+        self.d: dict[str, float] = {}  # summed counter deltas (only fields that had a baseline)
+        self.dt = 0.0  # interval length (the longest among the contributing series)
+        self.fail: dict[str, float] = {}
+        self.batch_exec: dict[int, float] = {}
+        self.resp_s: dict[int, float] = {}
+        self.resp_count: dict[int, float] = {}
+        self.g: dict[str, float] = {}  # gauges, summed over series
+        self.seen: set[str] = set()  # fields present in the snapshot, baseline or not
+
+
+def _model_labels(key: ModelKey) -> Labels:
+    model, version, namespace = key
+    if namespace is None:
+        return (("model", model), ("version", version))
+    return (("model", model), ("namespace", namespace), ("version", version))
+
+
+def _ratio(num: float | None, den: float | None) -> float | None:
+    if num is None or den is None or den <= 0:
+        return None
+    return num / den
+
+
+class Deriver:
+    """Turns consecutive snapshots of one target into ``sli:*`` samples.
+
+    Not thread-safe: feed one target's snapshots from one job, in time order.  A snapshot that
+    is not newer than a series' last sample yields nothing for that series and keeps its state.
+    """
+
+    def __init__(self, target: str, *, max_gap_s: float = 300.0) -> None:
+        if not max_gap_s > 0:
+            raise ValueError(f"max_gap_s must be > 0, got {max_gap_s!r}")
+        self.target = target
+        self.max_gap_s = max_gap_s
+        self._state: list[_State] = [{}, {}]  # per source: _METRICS, _STATS
+        self._last_ts: list[float | None] = [None, None]
+        self._kv_bad: set[ModelKey] = set()  # models whose KV gauges were inconsistent last time
+
+    def tracked_series(self) -> int:
+        """How many counter series the state holds (for tests and self-metrics)."""
+        return len(self._state[0]) + len(self._state[1])
+
+    def derive(self, snap: Snapshot, configs: Mapping[str, ModelConfigInfo]) -> list[Sample]:
+        """The derived samples for the interval ending at ``snap.ts``."""
+        ts = snap.ts
+        max_gap = self.max_gap_s
+        prev_states = self._state
+        new_states: list[_State] = [{}, {}]
+        present = [False, False]
+        accs: list[dict[ModelKey, _Acc]] = [{}, {}]
+        gpus: dict[str, dict[str, float]] = {}
+        energy: list[tuple[str, tuple[str, Labels], float]] = []
+        roles = _ROLES
+        isfinite = math.isfinite
+
+        for family in snap.families:
+            present[_STATS if family.name.startswith("triton_stats_") else _METRICS] = True
+            for sample in family.samples:
+                role = roles.get(sample.name)
+                if role is None:
+                    continue
+                value = sample.value
+                if not isfinite(value):
+                    continue
+                kind = role.kind
+                labels = sample.labels
+                if kind == _GPU_GAUGE:
+                    gpus.setdefault(label_value(labels, "gpu_uuid"), {})[role.field] = value
+                    continue
+                if kind == _ENERGY:
+                    # Deferred: whether this GPU's DCGM reads failed is known only after the pass.
+                    gpu = label_value(labels, "gpu_uuid")
+                    energy.append((gpu, (role.key, labels), value))
+                    continue
+                lab = dict(labels)
+                model = lab.get("model")
+                if model is None:
+                    continue
+                src = role.source
+                mkey = (model, lab.get("version", ""), lab.get("namespace"))
+                acc = accs[src].get(mkey)
+                if acc is None:
+                    acc = accs[src][mkey] = _Acc()
+                fld = role.field
+                acc.seen.add(fld)
+                if kind == _MODEL_GAUGE:
+                    acc.g[fld] = acc.g.get(fld, 0.0) + value
+                    continue
+                if kind == _TRTLLM_GAUGE:
+                    cat = fld + "=" + lab.get(fld, "")
+                    acc.g[cat] = acc.g.get(cat, 0.0) + value
+                    continue
+
+                # A counter: per-series reset-aware delta against the previous snapshot.
+                skey = (role.key, labels)
+                new = new_states[src]
+                if skey in new:  # a duplicated series would otherwise be counted twice
+                    continue
+                prev = prev_states[src].get(skey)
+                new[skey] = (ts, value)
+                if prev is None:
+                    continue
+                dt = ts - prev[0]
+                if dt <= 0:
+                    new[skey] = prev  # stale or replayed snapshot: keep the newer baseline
+                    continue
+                if dt > max_gap:
+                    continue
+                last = prev[1]
+                delta = (value - last if value >= last else value) * role.scale
+                if dt > acc.dt:
+                    acc.dt = dt
+                if kind == _COUNTER:
+                    acc.d[fld] = acc.d.get(fld, 0.0) + delta
+                elif kind == _FAILURE:
+                    reason = lab.get("reason", "ALL")
+                    acc.fail[reason] = acc.fail.get(reason, 0.0) + delta
+                else:
+                    index = _int_label(lab, "batch_size" if kind == _BATCH_EXEC else "index")
+                    if index is None:
+                        continue
+                    part = (
+                        acc.batch_exec
+                        if kind == _BATCH_EXEC
+                        else acc.resp_s
+                        if kind == _RESP_NS
+                        else acc.resp_count
+                    )
+                    part[index] = part.get(index, 0.0) + delta
+
+        out: list[Sample] = []
+        failed_gpus = self._gpu_slis(gpus, out)
+        energy_delta = self._energy_delta(energy, failed_gpus, new_states, ts)
+
+        metrics_accs, stats_accs = accs
+        inference_delta: float | None = None
+        # Exposition order, not set order: the same input always gives the same output list.
+        model_keys = [*metrics_accs, *(k for k in stats_accs if k not in metrics_accs)]
+        for mkey in model_keys:
+            m_acc = metrics_accs.get(mkey)
+            s_acc = stats_accs.get(mkey)
+            config = configs.get(mkey[0])
+            self._model_slis(mkey, m_acc, s_acc, config, out)
+            if m_acc is not None and "count" in m_acc.d and not _is_ensemble(config):
+                inference_delta = (inference_delta or 0.0) + m_acc.d["count"]
+
+        energy_per = _ratio(energy_delta, inference_delta)
+        if energy_per is not None and energy_delta:
+            out.append(Sample("sli:energy_per_inference_joules", (), energy_per))
+
+        if present[_METRICS]:
+            self._kv_bad &= metrics_accs.keys()  # forget models that went away
+        for src in (_METRICS, _STATS):
+            if present[src]:
+                self._state[src] = new_states[src]
+                self._last_ts[src] = ts
+            else:
+                last_ts = self._last_ts[src]
+                if last_ts is not None and ts - last_ts > max_gap:
+                    # Nothing left in it could ever give a rate again: free it.
+                    self._state[src] = {}
+                    self._last_ts[src] = None
+        return out
+
+    # --- per-GPU -----------------------------------------------------------------------------
+
+    @staticmethod
+    def _gpu_slis(gpus: dict[str, dict[str, float]], out: list[Sample]) -> set[str]:
+        failed: set[str] = set()
+        for gpu, g in gpus.items():
+            # A DCGM read failure sets every gauge to 0 instead of removing it (§0 fact 9):
+            # "all zero" is unknown, not an idle GPU with no memory and no power draw.
+            if not any(g.values()):
+                failed.add(gpu)
+                continue
+            labels = (("gpu_uuid", gpu),)
+            util = g.get("util")
+            if util is not None:
+                out.append(Sample("sli:gpu_utilization", labels, util))
+            mem = _ratio(g.get("mem_used"), g.get("mem_total"))
+            if mem is not None:
+                out.append(Sample("sli:gpu_memory_used_ratio", labels, mem))
+            power = g.get("power")
+            if power is not None:
+                out.append(Sample("sli:gpu_power_watts", labels, power))
+                ratio = _ratio(power, g.get("power_limit"))
+                if ratio is not None:
+                    out.append(Sample("sli:gpu_power_ratio", labels, ratio))
+        return failed
+
+    def _energy_delta(
+        self,
+        energy: list[tuple[str, tuple[str, Labels], float]],
+        failed_gpus: set[str],
+        new_states: list[_State],
+        ts: float,
+    ) -> float | None:
+        """ΣΔenergy over all GPUs, or None unless every GPU's counter gave a delta.
+
+        A partial sum would understate joules per inference, so one GPU without a baseline (or
+        with failed DCGM reads, whose energy reading is not trusted and not kept as a baseline)
+        voids the interval.
+        """
+        if not energy:
+            return None
+        prev_state = self._state[_METRICS]
+        new = new_states[_METRICS]
+        total: float | None = 0.0
+        for gpu, skey, value in energy:
+            if gpu in failed_gpus:
+                total = None
+                continue
+            prev = prev_state.get(skey)
+            new[skey] = (ts, value)
+            if prev is None:
+                total = None
+                continue
+            dt = ts - prev[0]
+            if dt <= 0:
+                new[skey] = prev
+                total = None
+                continue
+            if dt > self.max_gap_s:
+                total = None
+                continue
+            if total is not None:
+                total += value - prev[1] if value >= prev[1] else value
+        return total
+
+    # --- per-model ---------------------------------------------------------------------------
+
+    def _model_slis(
+        self,
+        mkey: ModelKey,
+        m_acc: _Acc | None,
+        s_acc: _Acc | None,
+        config: ModelConfigInfo | None,
+        out: list[Sample],
+    ) -> None:
+        labels = _model_labels(mkey)
+
+        def emit(name: str, value: float | None) -> None:
+            if value is not None:
+                out.append(Sample(name, labels, value))
+
+        # Request-level SLIs: /metrics wins when it has the model's counters in this snapshot.
+        core = m_acc if m_acc is not None and not m_acc.seen.isdisjoint(_CORE_FIELDS) else s_acc
+        if core is not None:
+            self._core_slis(core, config, labels, out)
+
+        cache = m_acc if m_acc is not None and "cache_hit" in m_acc.seen else s_acc
+        if cache is not None:
+            hits = cache.d.get("cache_hit")
+            misses = cache.d.get("cache_miss")
+            if hits is not None and misses is not None:
+                emit("sli:cache_hit_ratio", _ratio(hits, hits + misses))
+
+        if m_acc is not None:
+            emit("sli:pending_requests", m_acc.g.get("pending"))
+            self._llm_slis(mkey, m_acc, labels, out)
+
+        if s_acc is not None:
+            s = s_acc.d
+            if s_acc.batch_exec:
+                executions = sum(s_acc.batch_exec.values())
+                if config is not None and config.preferred_batch_sizes:
+                    preferred = set(config.preferred_batch_sizes)
+                    hit = sum(n for bs, n in s_acc.batch_exec.items() if bs in preferred)
+                    emit("sli:preferred_batch_hit_ratio", _ratio(hit, executions))
+                if config is not None and config.max_batch_size > 0:
+                    items = sum(bs * n for bs, n in s_acc.batch_exec.items())
+                    avg = _ratio(items, executions)
+                    if avg is not None:
+                        emit("sli:stats_batch_fill_rate", avg / config.max_batch_size)
+            if "busy_s" in s and s_acc.dt > 0:
+                emit("sli:gpu_busy_seconds_rate", s["busy_s"] / s_acc.dt)
+            if s_acc.resp_count:
+                first = s_acc.resp_s.get(0)
+                emit("sli:server_ttft_seconds", _ratio(first, s_acc.resp_count.get(0)))
+                later_count = sum(n for k, n in s_acc.resp_count.items() if k >= 1)
+                later_s = sum(n for k, n in s_acc.resp_s.items() if k >= 1)
+                if later_count > 0:
+                    emit("sli:server_itl_seconds", later_s / later_count)
+
+    @staticmethod
+    def _core_slis(
+        acc: _Acc, config: ModelConfigInfo | None, labels: Labels, out: list[Sample]
+    ) -> None:
+        d = acc.d
+        dt = acc.dt
+
+        def emit(name: str, value: float | None) -> None:
+            if value is not None:
+                out.append(Sample(name, labels, value))
+
+        success = d.get("success")
+        count = d.get("count")
+        execs = d.get("exec")
+        if dt > 0:
+            for name, fld in (
+                ("sli:request_rate", "success"),
+                ("sli:inference_rate", "count"),
+                ("sli:execution_rate", "exec"),
+            ):
+                if fld in d:
+                    emit(name, d[fld] / dt)
+            for reason, failed in acc.fail.items():
+                reason_labels = make_labels((*labels, ("reason", reason)))
+                out.append(Sample("sli:failure_rate", reason_labels, failed / dt))
+        if success is not None and acc.fail:
+            emit("sli:success_ratio", _ratio(success, success + sum(acc.fail.values())))
+        avg_batch = _ratio(count, execs)
+        emit("sli:avg_batch_size", avg_batch)
+        # max_batch_size 0 means no batch dimension: every request counts as batch 1 and a fill
+        # rate would be meaningless (§0 fact 3); an unknown config gives no denominator either.
+        if avg_batch is not None and config is not None and config.max_batch_size > 0:
+            emit("sli:batch_fill_rate", avg_batch / config.max_batch_size)
+        emit("sli:requests_per_execution", _ratio(success, execs))
+        emit("sli:queue_time_seconds", _ratio(d.get("queue_s"), success))
+        emit("sli:request_time_seconds", _ratio(d.get("request_s"), success))
+        infer = d.get("cinf_s")
+        if infer is not None:
+            compute = infer + d.get("cin_s", 0.0) + d.get("cout_s", 0.0)
+            emit("sli:compute_time_seconds", _ratio(compute, success))
+        emit("sli:queue_compute_ratio", _ratio(d.get("queue_s"), infer))
+
+    def _llm_slis(self, mkey: ModelKey, acc: _Acc, labels: Labels, out: list[Sample]) -> None:
+        d = acc.d
+        g = acc.g
+
+        def emit(name: str, value: float | None) -> None:
+            if value is not None:
+                out.append(Sample(name, labels, value))
+
+        # Prefer Triton's own TTFT histogram when the model exports it (26.01+ does for every
+        # model, vLLM ones included): one source per model keeps the series comparable across
+        # backends.  Presence, not movement, decides, so the source never flips between
+        # intervals.
+        if "ttft_count" in acc.seen:
+            emit("sli:ttft_seconds", _ratio(d.get("ttft_sum"), d.get("ttft_count")))
+        else:
+            emit("sli:ttft_seconds", _ratio(d.get("vllm_ttft_sum"), d.get("vllm_ttft_count")))
+        emit("sli:itl_seconds", _ratio(d.get("vllm_itl_sum"), d.get("vllm_itl_count")))
+        emit("sli:e2e_seconds", _ratio(d.get("vllm_e2e_sum"), d.get("vllm_e2e_count")))
+        if acc.dt > 0:
+            for name, vllm, trtllm in (
+                ("sli:generation_tokens_rate", "vllm_gen", "trtllm_gen_sum"),
+                ("sli:prompt_tokens_rate", "vllm_prompt", "trtllm_prompt_sum"),
+            ):
+                tokens = d.get(vllm) if vllm in acc.seen else d.get(trtllm)
+                if tokens is not None:
+                    emit(name, tokens / acc.dt)
+
+        if not g:
+            return
+        self._kv_slis(mkey, g, emit)
+
+        active = g.get("request_type=active")
+        scheduled = g.get("request_type=scheduled")
+        max_requests = g.get("request_type=max")
+        emit("sli:llm_active_requests", active)
+        waiting = g.get("request_type=waiting")
+        if waiting is None and active is not None and scheduled is not None:
+            # Older TRT-LLM (< v0.18) has no `waiting`; it is defined as active - scheduled.
+            waiting = max(active - scheduled, 0.0)
+        emit("sli:llm_waiting_requests", waiting)
+        if scheduled is not None and max_requests is not None and scheduled <= max_requests:
+            # scheduled > max can only be shifted label values: no sample rather than > 100 %.
+            emit("sli:inflight_batch_fill", _ratio(scheduled, max_requests))
+        emit(
+            "sli:llm_paused_requests",
+            g.get("inflight_batcher_specific_metric=paused_requests"),
+        )
+
+    def _kv_slis(self, mkey: ModelKey, g: dict[str, float], emit: _Emit) -> None:
+        used = g.get("kv_cache_block_type=used")
+        free = g.get("kv_cache_block_type=free")
+        max_blocks = g.get("kv_cache_block_type=max")
+        fraction = g.get("kv_cache_block_type=fraction")
+        reused = g.get("kv_cache_block_type=reused")
+        if used is None and free is None and max_blocks is None and fraction is None:
+            return
+        utilization = _ratio(used, max_blocks)
+        if utilization is None:
+            utilization = fraction
+        if not _kv_consistent(used, free, max_blocks, fraction, reused, utilization):
+            # Label values are positional in the TRT-LLM backend: a missing JSON key shifts them
+            # onto the wrong labels (§3).  Garbage that looks like a plausible KV percentage is
+            # worse than a gap, so nothing KV-related is emitted for this model.
+            if mkey not in self._kv_bad:
+                logger.warning(
+                    "target %s model %s: inconsistent TRT-LLM KV-cache gauges "
+                    "(used=%s free=%s max=%s fraction=%s); KV SLIs skipped",
+                    self.target,
+                    mkey[0],
+                    used,
+                    free,
+                    max_blocks,
+                    fraction,
+                )
+                self._kv_bad.add(mkey)
+            return
+        self._kv_bad.discard(mkey)
+        emit("sli:kv_cache_utilization", utilization)
+        emit("sli:kv_cache_free_blocks", free)
+        emit("sli:kv_cache_reuse_ratio", _ratio(reused, used))
+
+
+def _kv_consistent(
+    used: float | None,
+    free: float | None,
+    max_blocks: float | None,
+    fraction: float | None,
+    reused: float | None,
+    utilization: float | None,
+) -> bool:
+    if any(v is not None and v < 0 for v in (used, free, max_blocks, fraction, reused)):
+        return False
+    if utilization is not None and utilization > 1.0 + _KV_FRACTION_TOLERANCE:
+        return False
+    if used is not None and free is not None and max_blocks is not None:
+        tolerance = max(1.0, _KV_TOLERANCE * max_blocks)
+        if abs(used + free - max_blocks) > tolerance:
+            return False
+    if fraction is not None and used is not None and max_blocks:
+        if abs(fraction - used / max_blocks) > _KV_FRACTION_TOLERANCE:
+            return False
+    return True
+
+
+def _int_label(labels: dict[str, str], name: str) -> int | None:
+    try:
+        return int(labels[name])
+    except (KeyError, ValueError):
+        return None
+
+
+def _is_ensemble(config: ModelConfigInfo | None) -> bool:
+    # An ensemble reports its own counters on top of its composing models' (§0 fact 8), so
+    # summing it into a server-wide inference count would count every item twice.
+    return config is not None and "ensemble" in (config.platform, config.backend)

@@ -1,0 +1,274 @@
+"""The collector's scheduled work: scrape, read the Triton APIs, flush, roll up, expire.
+
+APScheduler (3.x, asyncio scheduler) runs one scrape job and one API job per target, plus the
+store's flush, rollup and retention jobs.  Every job is added with ``coalesce=True``,
+``max_instances=1`` and a misfire grace time, so a slow target can neither pile up overlapping
+scrapes nor make the scheduler replay a backlog after a stall.  A failing job is logged and
+counted (``tritonwatch_job_failures_total``) by an event listener — never fatal.
+
+Scrape jobs for different targets are spread over the interval by a stable hash of the target
+name (as Prometheus does), so a fleet does not hit the event loop all at one instant.
+
+All time comes from an injected ``clock`` so tests and replays control it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_MISSED, JobExecutionEvent
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from collector.derive import Deriver
+from collector.parse import ParseError, parse
+from collector.scrape import ScrapeError, fetch_metrics, make_client
+from collector.triton import TritonApi, TritonApiError
+from schemas.config import Config, TargetConfig
+from schemas.samples import Labels, Sample, Snapshot, TargetHealth
+from schemas.triton import ModelConfigInfo
+from store import Store
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], float]
+
+
+def stagger_offset(name: str, interval: float) -> float:
+    """A stable offset in [0, interval) for ``name``, so targets don't scrape in lockstep."""
+    digest = hashlib.sha256(name.encode()).digest()
+    return (int.from_bytes(digest[:8], "big") / 2**64) * interval
+
+
+def _with_target_labels(samples: Iterable[Sample], extra: Mapping[str, str]) -> list[Sample]:
+    # Labels the exposition already carries win over configured target labels, so a
+    # configured `model` label can never hide the model that Triton reported.
+    out = []
+    for sample in samples:
+        names = {k for k, _ in sample.labels}
+        add = tuple((k, v) for k, v in extra.items() if k not in names)
+        labels: Labels = tuple(sorted(sample.labels + add)) if add else sample.labels
+        out.append(Sample(sample.name, labels, sample.value))
+    return out
+
+
+class SelfMetrics:
+    """Tritonwatch's own health on its /metrics: per target up/duration/samples, job failures."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.up = Gauge(
+            "tritonwatch_target_up", "1 if the last read of the source succeeded",
+            ["target", "source"], registry=self.registry,
+        )
+        self.duration = Gauge(
+            "tritonwatch_scrape_duration_seconds", "Duration of the last read",
+            ["target", "source"], registry=self.registry,
+        )
+        self.samples = Gauge(
+            "tritonwatch_scrape_samples", "Samples from the last read",
+            ["target", "source"], registry=self.registry,
+        )
+        self.job_failures = Counter(
+            "tritonwatch_job_failures", "Scheduled jobs that raised", ["job"],
+            registry=self.registry,
+        )
+        self.job_missed = Counter(
+            "tritonwatch_job_missed", "Scheduled runs skipped because the previous one was late",
+            ["job"], registry=self.registry,
+        )
+        self.store_errors = Counter(
+            "tritonwatch_store_flush_errors", "Failed store flushes (data kept for retry)",
+            registry=self.registry,
+        )
+
+    def record(self, health: TargetHealth) -> None:
+        self.up.labels(health.target, health.source).set(1.0 if health.up else 0.0)
+        self.duration.labels(health.target, health.source).set(health.duration_s)
+        self.samples.labels(health.target, health.source).set(health.samples)
+
+
+class TargetState:
+    def __init__(self, target: TargetConfig) -> None:
+        self.config = target
+        self.deriver = Deriver(target.name)
+        overrides = {
+            model: ModelConfigInfo(name=model, max_batch_size=size)
+            for model, size in target.max_batch_size.items()
+        }
+        self.overrides = overrides
+        self.configs: dict[str, ModelConfigInfo] = dict(overrides)
+        self.api = (
+            TritonApi(target.name, http_url=target.http_url, grpc_url=target.grpc_url,
+                      headers=target.headers)
+            if target.http_url or target.grpc_url else None
+        )
+        self.latest: list[Sample] = []  # derived SLIs of the last scrape, for display
+
+    def set_configs(self, configs: Mapping[str, ModelConfigInfo]) -> None:
+        merged = dict(configs)
+        merged.update(self.overrides)  # an explicit max_batch_size in the config file wins
+        self.configs = merged
+
+
+class Collector:
+    """Owns every target's state and the jobs that feed the store."""
+
+    def __init__(
+        self,
+        config: Config,
+        store: Store,
+        *,
+        clock: Clock = time.time,
+        metrics: SelfMetrics | None = None,
+        client: httpx.AsyncClient | None = None,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.clock = clock
+        self.metrics = metrics or SelfMetrics()
+        self.targets = {t.name: TargetState(t) for t in config.targets}
+        self._client = client
+        self._semaphore = asyncio.Semaphore(config.scrape.max_concurrency)
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        if self._client is None:
+            self._client = make_client(max_connections=self.config.scrape.max_concurrency)
+        return self._client
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    async def _record(self, health: TargetHealth) -> None:
+        self.metrics.record(health)
+        await asyncio.to_thread(self.store.write_health, health)
+
+    async def scrape(self, name: str) -> TargetHealth:
+        """Scrape one target, derive its SLIs, buffer everything for the store."""
+        state = self.targets[name]
+        target = state.config
+        now = self.clock()
+        start = time.perf_counter()
+        try:
+            async with self._semaphore:
+                body = await fetch_metrics(
+                    self.client, name, target.metrics_url,
+                    timeout=self.config.timeout_for(target),
+                    max_bytes=self.config.scrape.max_body_bytes, headers=target.headers,
+                )
+            families = parse(body.text)
+        except (ScrapeError, ParseError) as exc:
+            reason = exc.reason if isinstance(exc, ScrapeError) else f"unparsable body: {exc}"
+            health = TargetHealth(name, "metrics", now, False, time.perf_counter() - start, 0,
+                                  reason)
+            log.warning("target %s down: %s", name, reason)
+            await self._record(health)
+            await asyncio.to_thread(self.store.write, name, now, self._up_samples(health))
+            return health
+        snap = Snapshot(name, now, tuple(families))
+        raw = list(snap.samples())
+        derived = state.deriver.derive(snap, state.configs)
+        state.latest = derived
+        samples = raw + derived
+        if target.labels:
+            samples = _with_target_labels(samples, target.labels)
+        health = TargetHealth(name, "metrics", now, True, time.perf_counter() - start, len(raw))
+        samples.extend(self._up_samples(health))
+        await asyncio.to_thread(self.store.write, name, now, samples)
+        await self._record(health)
+        return health
+
+    @staticmethod
+    def _up_samples(health: TargetHealth) -> list[Sample]:
+        # Stored like Prometheus's synthetic series, so "target stopped answering" is a plain
+        # query over history rather than a special case.
+        return [
+            Sample("up", (), 1.0 if health.up else 0.0),
+            Sample("scrape_duration_seconds", (), health.duration_s),
+            Sample("scrape_samples_scraped", (), float(health.samples)),
+        ]
+
+    async def read_api(self, name: str) -> TargetHealth:
+        """Refresh model configs and statistics of one target."""
+        state = self.targets[name]
+        now = self.clock()
+        if state.api is None:
+            raise ValueError(f"target {name!r} has no API endpoint")
+        try:
+            reading = await state.api.read(now)
+        except TritonApiError as exc:
+            health = TargetHealth(name, "api", now, False, 0.0, 0, exc.reason)
+            log.warning("Triton API of %s unavailable: %s", name, exc.reason)
+            await self._record(health)
+            return health
+        state.set_configs(reading.configs)
+        raw = list(reading.stats.samples())
+        derived = state.deriver.derive(reading.stats, state.configs)
+        await asyncio.to_thread(self.store.write, name, now, raw + derived)
+        for model, config in reading.raw_configs.items():
+            await asyncio.to_thread(self.store.put_model_config, name, model, config, now)
+        health = TargetHealth(name, "api", now, True, reading.duration_s, len(raw))
+        await self._record(health)
+        return health
+
+    async def flush(self) -> int:
+        try:
+            return await asyncio.to_thread(self.store.flush)
+        except ConnectionError:
+            self.metrics.store_errors.inc()
+            raise
+
+    async def maintain(self) -> None:
+        """Rollups, then retention; both run in a worker thread and in bounded batches."""
+        now = self.clock()
+        retention = self.config.store.retention
+        await asyncio.to_thread(self.store.rollup, now)
+        await asyncio.to_thread(
+            self.store.apply_retention, now, raw_s=retention.raw,
+            rollup_5m_s=retention.rollup_5m, rollup_1h_s=retention.rollup_1h,
+        )
+
+    def install(self, scheduler: AsyncIOScheduler) -> None:
+        """Add every job to ``scheduler`` (which the caller starts and stops)."""
+        scheduler.add_listener(self._on_job_event, EVENT_JOB_ERROR | EVENT_JOB_MISSED)
+        now = datetime.now(UTC)
+        for name, state in self.targets.items():
+            interval = self.config.interval_for(state.config)
+            self._add(scheduler, self.scrape, f"scrape:{name}", interval, now, args=[name])
+            if state.api is not None:
+                self._add(scheduler, self.read_api, f"api:{name}", self.config.scrape.api_interval,
+                          now, args=[name])
+        self._add(scheduler, self.flush, "store:flush", self.config.store.flush_interval, now)
+        self._add(scheduler, self.maintain, "store:maintain", 300.0, now)
+
+    @staticmethod
+    def _add(
+        scheduler: AsyncIOScheduler, func: Callable[..., Any], job_id: str, interval: float,
+        now: datetime, args: list[Any] | None = None,
+    ) -> None:
+        offset = stagger_offset(job_id, interval)
+        scheduler.add_job(
+            func, "interval", seconds=interval, id=job_id, name=job_id, args=args or [],
+            next_run_time=now + timedelta(seconds=offset if job_id.startswith("scrape:") else 0),
+            coalesce=True, max_instances=1, misfire_grace_time=max(1, int(interval)),
+            replace_existing=True,
+        )
+
+    def _on_job_event(self, event: JobExecutionEvent) -> None:
+        job = str(event.job_id).split(":", 1)[0]
+        if event.code == EVENT_JOB_MISSED:
+            self.metrics.job_missed.labels(job).inc()
+            log.warning("job %s missed its run time", event.job_id)
+        else:
+            self.metrics.job_failures.labels(job).inc()
+            log.error("job %s failed: %r", event.job_id, event.exception)

@@ -1,0 +1,474 @@
+"""Prometheus text-format parsing: a fast path for Triton's output, held equal to a reference.
+
+Contract
+--------
+``parse_reference`` is the oracle: prometheus_client's own text parser, with its output
+normalised into :class:`schemas.samples.MetricFamily`.  ``parse`` is what production calls, and
+for every input it returns exactly what ``parse_reference`` returns (or raises ``ParseError``
+when it raises).  It gets there in one of two ways:
+
+* ``parse_fast`` handles the regular text that Triton's prometheus-cpp writes: ``# HELP`` and
+  ``# TYPE`` lines with single spaces, ``name{a="b",...} value`` or ``name value`` sample lines,
+  label values without backslashes, no timestamps.  It reproduces prometheus_client's grouping
+  rules line for line (the same state machine: a sample whose name the current family does not
+  allow becomes an untyped one-sample family, counter families lose ``_total`` and counter
+  samples gain it, histograms own ``_bucket``/``_sum``/``_count`` but not ``_created``...).
+* The moment it meets a line it does not handle with certainty (an escape, a timestamp, odd
+  whitespace, a comment other than HELP/TYPE, a duplicate label, an unknown TYPE, a value it
+  cannot read) it returns ``None`` and ``parse`` hands the *whole* payload to
+  ``parse_reference``.  Declining is always safe; guessing never is.  The differential tests
+  (every fixture, generated Triton payloads, hypothesis-generated text) hold the two equal and
+  check that Triton's regular output really takes the fast path.
+
+Note what the reference does to names, because consumers see it too: a Triton counter
+``nv_inference_count`` (declared ``# TYPE nv_inference_count counter``) comes back as family
+``nv_inference_count`` whose samples are named ``nv_inference_count_total``.
+
+Both entry points refuse hostile input the same way (a line over 64 KiB, a sample with more than
+1,000 labels), so the equality holds there too.
+
+Exceptions::
+
+    ValueError
+     └── ParseError          .line_no (1-based, 0 if unknown), .line (truncated offending line)
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import operator
+import re
+from collections.abc import Callable
+from typing import Any
+
+from prometheus_client.parser import text_fd_to_metric_families
+
+from schemas.samples import METRIC_TYPES, MetricFamily, Sample, make_labels
+
+__all__ = [
+    "MAX_LABELS",
+    "MAX_LINE_CHARS",
+    "ParseError",
+    "parse",
+    "parse_fast",
+    "parse_reference",
+    "restore_exposed_names",
+]
+
+#: Longest accepted line, in characters (after UTF-8 decoding).  Triton's longest lines are a
+#: few hundred characters; anything near this is an attack or a broken exporter.
+MAX_LINE_CHARS = 64 * 1024
+#: Most labels accepted on one sample.
+MAX_LABELS = 1000
+
+_LINE_QUOTE_CHARS = 200
+
+# prometheus_client's own validation rules (validation.py), written out so the fast path can
+# decide without importing private helpers.  fullmatch, not match-with-$: `$` would accept a
+# trailing newline.
+_METRIC_NAME_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+# Stricter than the reference (which also allows ':' in label names): the fast path only needs
+# to be right about what it accepts, and Triton never puts ':' in a label name.
+_LABEL_NAME_RE = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+_HELP_ESCAPE_RE = re.compile(r"\\[\\n]")
+_HELP_ESCAPES = {"\\\\": "\\", "\\n": "\n"}
+# str.strip() (what the reference applies to a line) strips all Unicode whitespace, but its
+# token splitter only skips these; a HELP text starting with one of them is left to it.
+_ASCII_WHITESPACE = " \t\n\r\x0b\x0c"
+
+# Types the fast path knows the grouping rules of; anything else (info, stateset, typos) is
+# declined.  Values: the type our MetricFamily reports.
+_FAST_TYPES = {
+    "counter": "counter",
+    "gauge": "gauge",
+    "histogram": "histogram",
+    "summary": "summary",
+    "untyped": "untyped",
+    "unknown": "untyped",
+}
+# Sample-name suffixes each type accepts into its family (prometheus_client text parser).
+_ALLOWED_SUFFIXES = {
+    "counter": ("",),
+    "gauge": ("",),
+    "summary": ("_count", "_sum", ""),
+    "histogram": ("_count", "_sum", "_bucket"),
+}
+
+# Label-set cache shared by all calls: a target's series repeat scrape after scrape, so the
+# steady state parses no label string at all (about 4x faster than a cold parse).  Keyed by the
+# raw `name{...}` text; the value is a pure function of the key, so sharing it between threads
+# is harmless.  An entry costs about 800 bytes, so the bound (~40 MB) keeps roughly fifteen
+# 3,000-series targets warm; past it the cache is cleared rather than grown, and parsing simply
+# runs at the cold rate.
+_HEAD_CACHE: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {}
+_HEAD_CACHE_MAX = 50_000
+
+# Building NamedTuples through tuple.__new__ skips the generated Python-level __new__, which
+# is a measurable share of the per-sample cost.
+_new_tuple: Callable[..., Any] = tuple.__new__
+
+
+class ParseError(ValueError):
+    """A payload that is not valid Prometheus text (or breaks a safety limit).
+
+    ``line_no`` is 1-based (0 when the line is not known), ``line`` the offending line cut to
+    about 200 characters; the message quotes it.
+    """
+
+    def __init__(self, reason: str, line_no: int = 0, line: str = "") -> None:
+        if len(line) > _LINE_QUOTE_CHARS:
+            line = line[:_LINE_QUOTE_CHARS] + "..."
+        self.reason = reason
+        self.line_no = line_no
+        self.line = line
+        where = f"line {line_no}: " if line_no else ""
+        super().__init__(f"{where}{reason}: {line!r}")
+
+
+# --------------------------------------------------------------------------------------------
+# Entry points
+
+
+def parse(text: str | bytes) -> list[MetricFamily]:
+    """Parse a /metrics payload, keeping sample names as the target exposed them.
+
+    Identical to :func:`parse_reference` followed by :func:`restore_exposed_names` (the
+    differential tests hold it so), usually much faster.
+    """
+    text = _decode(text)
+    families = parse_fast(text, exposed_names=True)
+    if families is None:
+        return restore_exposed_names(parse_reference(text), text)
+    return families
+
+
+_COUNTER_TYPE_RE = re.compile(r"^[ \t]*#[ \t]+TYPE[ \t]+(\S+)[ \t]+counter[ \t\r]*$", re.M)
+
+
+def restore_exposed_names(families: list[MetricFamily], text: str) -> list[MetricFamily]:
+    """Undo prometheus_client's ``_total`` suffix on counters declared without it.
+
+    prometheus_client munges ``# TYPE nv_inference_count counter`` into samples named
+    ``nv_inference_count_total`` (its OpenMetrics view).  Prometheus itself stores the name the
+    target exposed, and that is the name users query and alert on, so the store keeps it too.
+    """
+    declared = set(_COUNTER_TYPE_RE.findall(text))
+    out = []
+    for family in families:
+        if family.type == "counter" and family.name in declared:
+            suffixed = family.name + "_total"
+            family = family._replace(samples=tuple(
+                s._replace(name=family.name) if s.name == suffixed else s
+                for s in family.samples
+            ))
+        out.append(family)
+    return out
+
+
+def parse_reference(text: str) -> list[MetricFamily]:
+    """prometheus_client's text parser, normalised into our types (the oracle for ``parse``).
+
+    Timestamps and exemplars are dropped; ``unknown`` (and any type outside the Prometheus text
+    format: info, stateset, gaugehistogram) is reported as ``untyped``.
+    """
+    lines = text.split("\n")
+    _check_line_lengths(text, lines)
+    reader = _CountingReader(text)
+    try:
+        metrics = list(text_fd_to_metric_families(reader))
+    except Exception as exc:
+        # prometheus_client raises bare ValueErrors (sometimes without a message), IndexErrors
+        # and friends; the line being read when it gave up is the best pointer we have.
+        reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        line = reader.last_line.rstrip("\r\n")
+        raise ParseError(reason, reader.line_no, line) from exc
+
+    families = []
+    for metric in metrics:
+        samples = []
+        for s in metric.samples:
+            if len(s.labels) > MAX_LABELS:
+                line_no, line = _find_many_labels_line(lines)
+                raise ParseError(f"more than {MAX_LABELS} labels on one sample", line_no, line)
+            samples.append(Sample(s.name, make_labels(s.labels), _to_float(s.value)))
+        typ = metric.type if metric.type in METRIC_TYPES else "untyped"
+        families.append(MetricFamily(metric.name, typ, metric.documentation, tuple(samples)))
+    return families
+
+
+def parse_fast(text: str, *, exposed_names: bool = False) -> list[MetricFamily] | None:
+    """The fast path alone: the parsed families, or ``None`` where it declines the payload.
+
+    It declines whenever it is not certain to match :func:`parse_reference`; it raises
+    ``ParseError`` only for the safety limits.
+    """
+    lines = text.split("\n")
+    _check_line_lengths(text, lines)
+    cache = _HEAD_CACHE
+    new = _new_tuple
+    out: list[MetricFamily] = []
+
+    # The reference's state machine, variable for variable (text_fd_to_metric_families).
+    name = ""
+    doc = ""
+    typ = "untyped"
+    samples: list[Sample] = []
+    allowed: tuple[str, ...] = ()
+
+    for line in lines:
+        if not line:
+            continue
+        if line[0] == "#":
+            line = line.strip()
+            if line.startswith("# HELP "):
+                cand, _, help_text = line[7:].partition(" ")
+                if not _valid_metric_name(cand) or (
+                    help_text and help_text[0] in _ASCII_WHITESPACE
+                ):
+                    return None
+                if cand != name:
+                    if name:
+                        fam = _build(name, doc, typ, samples, exposed_names)
+                        if fam is None:
+                            return None
+                        out.append(fam)
+                    name = cand
+                    typ = "untyped"
+                    samples = []
+                    allowed = (cand,)
+                if "\\" in help_text:
+                    help_text = _HELP_ESCAPE_RE.sub(_help_unescape, help_text)
+                doc = help_text
+            elif line.startswith("# TYPE "):
+                cand, _, new_typ = line[7:].partition(" ")
+                if not _valid_metric_name(cand) or new_typ not in _FAST_TYPES:
+                    return None
+                if cand != name:
+                    if name:
+                        fam = _build(name, doc, typ, samples, exposed_names)
+                        if fam is None:
+                            return None
+                        out.append(fam)
+                    name = cand
+                    doc = ""
+                    samples = []
+                typ = new_typ
+                allowed = tuple(name + s for s in _ALLOWED_SUFFIXES.get(typ, ("",)))
+            else:
+                # Plain comments are harmless, but the reference tokenises them with rules
+                # (quote tracking, repeated separators) that can turn one into a HELP.
+                return None
+            continue
+
+        # The value is the text after the last space: label values may hold spaces, values
+        # never do, and a timestamp leaves a head that fails validation below.
+        head, _, vs = line.rpartition(" ")
+        hit = cache.get(head)
+        if hit is None:
+            if line.isspace():  # e.g. the "\r" of a blank CRLF line
+                continue
+            hit = _parse_head(head)
+            if hit is None:
+                return None
+            if len(hit[1]) > MAX_LABELS:
+                raise ParseError(
+                    f"more than {MAX_LABELS} labels on one sample", lines.index(line) + 1, line
+                )
+            if len(cache) >= _HEAD_CACHE_MAX:
+                cache.clear()
+            cache[head] = hit
+        try:
+            value = float(vs)
+        except ValueError:
+            return None
+        if "_" in vs:  # float() accepts "1_000"; the reference does not
+            return None
+        if not value and "-" in vs:
+            # The reference tries int() first, so "-0" is 0.0 there but -0.0 for float().
+            value = _reference_value(vs)
+
+        sname = hit[0]
+        if sname in allowed:
+            samples.append(new(Sample, (sname, hit[1], value)))
+        else:
+            if name:
+                fam = _build(name, doc, typ, samples, exposed_names)
+                if fam is None:
+                    return None
+                out.append(fam)
+            name = ""
+            doc = ""
+            typ = "untyped"
+            samples = []
+            allowed = ()
+            single = (new(Sample, (sname, hit[1], value)),)
+            out.append(new(MetricFamily, (sname, "untyped", "", single)))
+
+    if name:
+        fam = _build(name, doc, typ, samples, exposed_names)
+        if fam is None:
+            return None
+        out.append(fam)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Helpers
+
+
+def _decode(text: str | bytes) -> str:
+    if isinstance(text, str):
+        return text
+    try:
+        return text.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line_no = text.count(b"\n", 0, exc.start) + 1
+        start = text.rfind(b"\n", 0, exc.start) + 1
+        end = text.find(b"\n", exc.start)
+        raw = text[start : end if end >= 0 else len(text)]
+        line = raw.decode("utf-8", "replace")
+        raise ParseError(f"invalid UTF-8 ({exc.reason})", line_no, line) from exc
+
+
+def _check_line_lengths(text: str, lines: list[str]) -> None:
+    # A payload shorter than the limit cannot hold a line longer than it; this keeps the
+    # common case to one comparison.
+    if len(text) <= MAX_LINE_CHARS or max(map(len, lines)) <= MAX_LINE_CHARS:
+        return
+    for i, line in enumerate(lines):
+        if len(line) > MAX_LINE_CHARS:
+            raise ParseError(f"line longer than {MAX_LINE_CHARS} characters", i + 1, line)
+
+
+def _find_many_labels_line(lines: list[str]) -> tuple[int, str]:
+    # Only reached on the refusal path; each label needs an '=', so this finds the culprit
+    # (or, with '=' inside quoted values, a line at least as suspicious).
+    for i, line in enumerate(lines):
+        if not line.lstrip().startswith("#") and line.count("=") > MAX_LABELS:
+            return i + 1, line
+    return 0, ""
+
+
+class _CountingReader(io.StringIO):
+    """A StringIO that remembers how many lines prometheus_client has pulled from it."""
+
+    line_no = 0
+    last_line = ""
+
+    # typeshed declares _IOBase.__next__ as returning bytes; a StringIO yields str.
+    def __next__(self) -> str:  # type: ignore[override]
+        line = super().__next__()
+        self.line_no += 1
+        self.last_line = line
+        return line
+
+
+def _to_float(value: float) -> float:
+    if isinstance(value, int):
+        try:
+            return float(value)
+        except OverflowError:
+            # float() of the same digits gives ±inf; keep both paths in agreement.
+            return math.inf if value > 0 else -math.inf
+    return float(value)
+
+
+def _reference_value(vs: str) -> float:
+    try:
+        return _to_float(int(vs))
+    except ValueError:
+        return float(vs)
+
+
+def _help_unescape(match: re.Match[str]) -> str:
+    return _HELP_ESCAPES[match.group(0)]
+
+
+def _valid_metric_name(name: str) -> bool:
+    if name in _VALID_NAMES:
+        return True
+    if _METRIC_NAME_RE.fullmatch(name) is None:
+        return False
+    if len(_VALID_NAMES) >= _TOKENS_MAX:
+        _VALID_NAMES.clear()
+    _VALID_NAMES.add(name)
+    return True
+
+
+# Metric names already validated, and the bound on this and the other small caches below.
+_VALID_NAMES: set[str] = set()
+_TOKENS_MAX = 10_000
+
+
+def _parse_head(head: str) -> tuple[str, tuple[tuple[str, str], ...]] | None:
+    """``name`` or ``name{a="b",...}`` -> (name, labels), or None to decline."""
+    if not head.endswith("}"):
+        return (head, ()) if _valid_metric_name(head) else None
+    name, _, raw = head.partition("{")
+    if not _valid_metric_name(name):
+        return None
+    if raw == "}":
+        return name, ()
+    if "\\" in raw:
+        return None
+    # Without backslashes a '"' always opens or closes a value, so splitting on it alternates
+    # between the text around values (even indices: `,a=`, `,b=`, ..., and the closing `}`)
+    # and the values themselves (odd indices).  The leading comma makes every name token look
+    # alike.
+    parts = ("," + raw).split('"')
+    if len(parts) % 2 == 0 or parts[-1] != "}":
+        return None
+    skeleton = tuple(parts[:-1:2])
+    shape = _SKELETONS.get(skeleton)
+    if shape is None:
+        shape = _check_skeleton(skeleton)
+    names, reorder = shape
+    if not names:
+        return None
+    values = parts[1::2]
+    return name, tuple(zip(names, values if reorder is None else reorder(values), strict=True))
+
+
+# Validated label-name sequences, keyed by the text around the values (`(',model=',
+# ',version=')`).  A scrape uses a few dozen such shapes, so each is checked by regex once.
+# The value is the label names in sorted order (empty when the shape is not acceptable) and,
+# unless the text already lists them in that order, a getter that puts the values in it
+# (prometheus-cpp writes `le` and `quantile` last).
+_Shape = tuple[tuple[str, ...], "Callable[[list[str]], tuple[str, ...]] | None"]
+_SKELETONS: dict[tuple[str, ...], _Shape] = {}
+
+
+def _check_skeleton(skeleton: tuple[str, ...]) -> _Shape:
+    names = tuple(token[1:-1] for token in skeleton)
+    ok = (
+        all(t.startswith(",") and t.endswith("=") for t in skeleton)
+        and all(_LABEL_NAME_RE.fullmatch(n) and not n.startswith("__") for n in names)
+        and len(set(names)) == len(names)  # the reference rejects duplicates
+    )
+    shape: _Shape = ((), None)
+    if ok:
+        order = sorted(range(len(names)), key=names.__getitem__)
+        if order == list(range(len(names))):
+            shape = (names, None)
+        else:
+            shape = (tuple(names[i] for i in order), operator.itemgetter(*order))
+    if len(_SKELETONS) >= _TOKENS_MAX:
+        _SKELETONS.clear()
+    _SKELETONS[skeleton] = shape
+    return shape
+
+
+def _build(
+    name: str, doc: str, typ: str, samples: list[Sample], exposed_names: bool = False
+) -> MetricFamily | None:
+    """prometheus_client's build_metric, in our types; None where the reference would raise."""
+    if typ == "counter":
+        if name.endswith("_total"):
+            name = name[:-6]
+            if not name:
+                return None
+        elif samples and not exposed_names:
+            new = _new_tuple
+            samples = [new(Sample, (s[0] + "_total", s[1], s[2])) for s in samples]
+    return MetricFamily(name, _FAST_TYPES[typ], doc, tuple(samples))

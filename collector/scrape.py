@@ -1,0 +1,123 @@
+"""Fetching one target's /metrics body, with the limits a hostile or broken target needs.
+
+Exceptions (each carries the target name and subclasses the matching builtin)::
+
+    ConnectionError
+     └── ScrapeError            target unreachable, HTTP error status, bad encoding
+          ├── ScrapeTimeout     (also a TimeoutError) the whole scrape overran its deadline
+          └── BodyTooLarge      the (decompressed) body exceeded max_body_bytes
+    ValueError
+     └── collector.parse.ParseError   the body is not Prometheus text
+
+The deadline covers connect, headers *and* the body, so a target that trickles an endless
+body is cut off at its timeout like one that never answers.  The size cap counts decompressed
+bytes, so a gzip bomb is cut off too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+from typing import NamedTuple
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+
+ACCEPT = "text/plain;version=0.0.4;q=1,*/*;q=0.1"
+USER_AGENT = "tritonwatch/0.1"
+
+
+class ScrapeError(ConnectionError):
+    def __init__(self, target: str, message: str) -> None:
+        self.target = target
+        self.reason = message
+        super().__init__(f"scrape of {target!r} failed: {message}")
+
+
+class ScrapeTimeout(ScrapeError, TimeoutError):
+    pass
+
+
+class BodyTooLarge(ScrapeError):
+    pass
+
+
+class Body(NamedTuple):
+    text: str
+    duration_s: float
+    size: int
+
+
+def redact_url(url: str) -> str:
+    """The URL without user info or query string (which may hold credentials)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+def make_client(max_connections: int = 100) -> httpx.AsyncClient:
+    # One pooled client for every target: keep-alive saves a TCP handshake per scrape, and
+    # the per-request timeout below is what bounds each scrape.
+    limits = httpx.Limits(
+        max_connections=max_connections, max_keepalive_connections=max_connections
+    )
+    return httpx.AsyncClient(
+        limits=limits,
+        headers={"User-Agent": USER_AGENT, "Accept": ACCEPT, "Accept-Encoding": "gzip"},
+        follow_redirects=False,
+        trust_env=False,
+    )
+
+
+async def fetch_metrics(
+    client: httpx.AsyncClient,
+    target: str,
+    url: str,
+    *,
+    timeout: float,
+    max_bytes: int,
+    headers: Mapping[str, str] | None = None,
+) -> Body:
+    """GET ``url`` and return its decoded text, or raise a ScrapeError naming ``target``."""
+    start = time.perf_counter()
+    try:
+        async with asyncio.timeout(timeout):
+            async with client.stream(
+                "GET", url, headers=dict(headers or {}), timeout=timeout
+            ) as response:
+                if response.status_code != 200:
+                    raise ScrapeError(
+                        target, f"HTTP {response.status_code} from {redact_url(url)}"
+                    )
+                chunks: list[bytes] = []
+                size = 0
+                async for chunk in response.aiter_bytes():
+                    size += len(chunk)
+                    if size > max_bytes:
+                        raise BodyTooLarge(
+                            target, f"body exceeds max_body_bytes ({max_bytes} bytes)"
+                        )
+                    chunks.append(chunk)
+    except TimeoutError:
+        raise ScrapeTimeout(target, f"timed out after {timeout:g}s") from None
+    except httpx.TimeoutException:
+        raise ScrapeTimeout(target, f"timed out after {timeout:g}s") from None
+    except httpx.HTTPError as exc:
+        # httpx messages can include the full URL; name the redacted one instead.
+        raise ScrapeError(
+            target, f"{type(exc).__name__} from {redact_url(url)}: {_short(exc)}"
+        ) from None
+    body = b"".join(chunks)
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ScrapeError(target, f"body is not UTF-8 (byte {exc.start})") from None
+    return Body(text, time.perf_counter() - start, size)
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return text if len(text) <= 200 else text[:197] + "..."

@@ -1,0 +1,25 @@
+"""The store: the only package that issues SQL.
+
+Typical use (see ``store.store`` for the write path and its guarantees)::
+
+    from store import open_store
+    store = open_store("sqlite:///tritonwatch-data/tw.db")
+    store.create_schema()
+    store.write(target, ts, samples); store.flush()
+    store.range("nv_inference_count", start=t0, end=t1, match={"model": "resnet"})
+"""
+
+from store.errors import QueryError, StoreError
+from store.query import Agg
+from store.store import Store, open_store
+from store.values import SeriesData, SeriesKey
+
+__all__ = [
+    "Agg",
+    "QueryError",
+    "SeriesData",
+    "SeriesKey",
+    "Store",
+    "StoreError",
+    "open_store",
+]

@@ -1,0 +1,27 @@
+"""Exceptions raised by the store.
+
+Each subclasses the builtin a caller would already catch::
+
+    ConnectionError
+     └── StoreError        the database is unreachable or a statement failed; buffered
+                           samples are kept and a later flush retries
+    ValueError
+     └── QueryError        bad query arguments (start after end, step <= 0, unknown agg...)
+
+Messages name the store by its redacted URL, never with the password.
+"""
+
+from __future__ import annotations
+
+
+class StoreError(ConnectionError):
+    """The store could not be reached, or a statement against it failed."""
+
+    def __init__(self, message: str, *, url: str) -> None:
+        super().__init__(message)
+        #: The store's URL with the password masked.
+        self.url = url
+
+
+class QueryError(ValueError):
+    """A query was called with arguments that cannot be answered."""

@@ -1,0 +1,222 @@
+"""Rollups, retention, and the ``meta`` key/value helpers they use.
+
+Both jobs commit in bounded steps so that a SQLite writer (one at a time) never waits long
+behind them, and so that an interrupted run resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from sqlalchemy import Connection, Engine, Table, delete, exists, func, select, tuple_
+
+from schemas import tables as t
+from store.engine import transaction
+from store.query import ROLLUP_1H_MS, ROLLUP_5M_MS
+from store.write import dialect_insert
+
+log = logging.getLogger(__name__)
+
+WATERMARK_5M = "rollup_5m_watermark_ms"
+WATERMARK_1H = "rollup_1h_watermark_ms"
+
+#: A 5 m bucket is rolled up only once it ended this long ago, so samples of a scrape still in
+#: a writer's buffer (flushed every few seconds) land before their bucket is summarised.
+#: Samples arriving later than this stay in the raw table but are missing from the rollup.
+ROLLUP_GRACE_MS = 120_000
+
+# Time span summarised per transaction.
+_CHUNK_5M_MS = 6 * ROLLUP_1H_MS
+_CHUNK_1H_MS = 7 * 24 * ROLLUP_1H_MS
+
+# Series ids per retention statement (bind parameters), rows per delete transaction default.
+_ID_BATCH = 500
+
+# Arbitrary constant key for pg_advisory_xact_lock: serialises rollups of concurrent processes.
+_PG_LOCK_ROLLUP = 0x7477_0001
+
+
+def get_meta(conn: Connection, key: str) -> str | None:
+    return conn.execute(select(t.meta.c.value).where(t.meta.c.key == key)).scalar_one_or_none()
+
+
+def set_meta(conn: Connection, key: str, value: str) -> None:
+    stmt = dialect_insert(conn, t.meta).values(key=key, value=value)
+    conn.execute(stmt.on_conflict_do_update(index_elements=[t.meta.c.key], set_={"value": value}))
+
+
+def watermarks(conn: Connection) -> dict[int, int]:
+    """``{resolution_ms: end of the last completed rollup bucket}`` for each rollup built."""
+    out = {}
+    for res, key in ((ROLLUP_5M_MS, WATERMARK_5M), (ROLLUP_1H_MS, WATERMARK_1H)):
+        value = get_meta(conn, key)
+        if value is not None:
+            out[res] = int(value)
+    return out
+
+
+def advisory_lock(conn: Connection, key: int) -> None:
+    """On PostgreSQL, hold a transaction-scoped lock; SQLite's BEGIN IMMEDIATE already does."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(select(func.pg_advisory_xact_lock(key)))
+
+
+def _rollup_stmt(conn: Connection, src: Table, dst: Table, *, lo: int, hi: int, res: int) -> Any:
+    c = src.c
+    raw = src is t.samples
+    last = c.value if raw else c["last"]
+    newest = func.first_value(last).over(
+        partition_by=(c.series_id, c.ts // res), order_by=c.ts.desc()
+    )
+    cols: list[Any] = [c.series_id, ((c.ts // res) * res).label("b"), newest.label("newest")]
+    cols += [c.value] if raw else [c["min"], c["max"], c["sum"], c["count"]]
+    inner = select(*cols).where(c.ts >= lo, c.ts < hi).subquery()
+    i = inner.c
+    if raw:
+        aggs = [func.min(i.value), func.max(i.value), func.sum(i.value), func.count()]
+    else:
+        aggs = [func.min(i["min"]), func.max(i["max"]), func.sum(i["sum"]), func.sum(i["count"])]
+    source = select(i.series_id, i.b, *aggs, func.max(i.newest)).group_by(i.series_id, i.b)
+    names = ["series_id", "ts", "min", "max", "sum", "count", "last"]
+    stmt = dialect_insert(conn, dst).from_select(names, source)
+    # Upsert: re-running a chunk (two processes, or a crash before the watermark commit)
+    # rewrites the same rows instead of failing.
+    return stmt.on_conflict_do_update(
+        index_elements=[dst.c.series_id, dst.c.ts],
+        set_={n: stmt.excluded[n] for n in names[2:]},
+    )
+
+
+def _roll(
+    engine: Engine, *, src: Table, dst: Table, res: int, key: str, hi: int, chunk: int
+) -> int:
+    written = 0
+    while True:
+        with transaction(engine, write=True) as conn:
+            advisory_lock(conn, _PG_LOCK_ROLLUP)
+            stored = get_meta(conn, key)
+            if stored is None:
+                # First run only: start at the oldest data (a full scan, once).
+                first = conn.execute(select(func.min(src.c.ts))).scalar_one_or_none()
+                if first is None:
+                    return written  # nothing to summarise yet
+                lo = int(first) // res * res
+            else:
+                lo = int(stored)
+            if lo >= hi:
+                return written
+            step_hi = min(hi, lo + chunk)
+            stmt = _rollup_stmt(conn, src, dst, lo=lo, hi=step_hi, res=res)
+            # Not every dialect reports rowcount for INSERT ... SELECT unless asked to.
+            result = conn.execute(stmt.execution_options(preserve_rowcount=True))
+            written += max(result.rowcount, 0)
+            set_meta(conn, key, str(step_hi))
+
+
+def rollup(engine: Engine, *, now_ms: int) -> int:
+    """Summarise completed 5 m buckets from raw samples, then completed hours from 5 m rows."""
+    hi_5m = (now_ms - ROLLUP_GRACE_MS) // ROLLUP_5M_MS * ROLLUP_5M_MS
+    written = _roll(
+        engine,
+        src=t.samples,
+        dst=t.rollups_5m,
+        res=ROLLUP_5M_MS,
+        key=WATERMARK_5M,
+        hi=hi_5m,
+        chunk=_CHUNK_5M_MS,
+    )
+    with transaction(engine, write=False) as conn:
+        wm_5m = get_meta(conn, WATERMARK_5M)
+    if wm_5m is None:
+        return written
+    # An hour is complete once all twelve of its 5 m buckets are.
+    hi_1h = int(wm_5m) // ROLLUP_1H_MS * ROLLUP_1H_MS
+    written += _roll(
+        engine,
+        src=t.rollups_5m,
+        dst=t.rollups_1h,
+        res=ROLLUP_1H_MS,
+        key=WATERMARK_1H,
+        hi=hi_1h,
+        chunk=_CHUNK_1H_MS,
+    )
+    return written
+
+
+def _delete_before(engine: Engine, table: Table, cutoff_ms: int, *, batch_rows: int) -> int:
+    """Delete rows with ``ts < cutoff_ms``, at most ``batch_rows`` per transaction.
+
+    Walks the series ids so that every statement is a range scan of the primary key
+    ``(series_id, ts)``: no index on ``ts`` alone is needed, which would cost every insert.
+    """
+    with transaction(engine, write=False) as conn:
+        ids = list(conn.execute(select(t.series.c.id).order_by(t.series.c.id)).scalars())
+    c = table.c
+    deleted = 0
+    for i in range(0, len(ids), _ID_BATCH):
+        chunk = ids[i : i + _ID_BATCH]
+        while True:
+            victims = (
+                select(c.series_id, c.ts)
+                .where(c.series_id.in_(chunk), c.ts < cutoff_ms)
+                .limit(batch_rows)
+            )
+            with transaction(engine, write=True) as conn:
+                result = conn.execute(delete(table).where(tuple_(c.series_id, c.ts).in_(victims)))
+            count = max(result.rowcount, 0)
+            deleted += count
+            if count < batch_rows:
+                break
+    return deleted
+
+
+def delete_empty_series(engine: Engine, *, resolved_before_ms: int) -> int:
+    """Delete series holding no data that no writer has resolved since ``resolved_before_ms``.
+
+    The ``resolved_at`` guard closes the race with a writer that has just looked up (or
+    created) a series and is about to insert its first samples: that lookup refreshed
+    ``resolved_at``, so the series is not deleted under it.
+    """
+    s = t.series
+    empty = [
+        ~exists().where(table.c.series_id == s.c.id)
+        for table in (t.samples, t.rollups_5m, t.rollups_1h)
+    ]
+    with transaction(engine, write=True) as conn:
+        result = conn.execute(delete(s).where(s.c.resolved_at < resolved_before_ms, *empty))
+    return max(result.rowcount, 0)
+
+
+def apply_retention(
+    engine: Engine,
+    *,
+    now_ms: int,
+    raw_ms: int,
+    rollup_5m_ms: int,
+    rollup_1h_ms: int,
+    batch_rows: int,
+) -> int:
+    """Delete samples, rollup rows and health transitions past their retention.
+
+    Returns the sample and rollup rows deleted.  Empty series are left to
+    :func:`delete_empty_series`, which the caller runs under its flush lock.
+
+    Raw samples are kept until the 5 m rollup has summarised them, and 5 m rows until the 1 h
+    rollup has, whatever their age: a stalled rollup job delays retention instead of losing
+    history.
+    """
+    with transaction(engine, write=False) as conn:
+        marks = watermarks(conn)
+    raw_cutoff = min(now_ms - raw_ms, marks.get(ROLLUP_5M_MS, 0))
+    cutoff_5m = min(now_ms - rollup_5m_ms, marks.get(ROLLUP_1H_MS, 0))
+    if raw_cutoff < now_ms - raw_ms:
+        log.info("retention: raw samples kept until rolled up (5 m watermark %s)", raw_cutoff)
+    deleted = _delete_before(engine, t.samples, raw_cutoff, batch_rows=batch_rows)
+    deleted += _delete_before(engine, t.rollups_5m, cutoff_5m, batch_rows=batch_rows)
+    deleted += _delete_before(engine, t.rollups_1h, now_ms - rollup_1h_ms, batch_rows=batch_rows)
+    with transaction(engine, write=True) as conn:
+        # Transitions are tiny; keep them as long as the longest-lived data.
+        log_ts = t.target_health_log.c.ts
+        conn.execute(delete(t.target_health_log).where(log_ts < now_ms - rollup_1h_ms))
+    return deleted

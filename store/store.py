@@ -1,0 +1,523 @@
+"""The ``Store``: buffered writes, health and model configs, queries, rollups, retention.
+
+Writes only touch memory: ``write()`` appends a scrape to a buffer and ``flush()`` (called by
+the collector on a timer, and automatically once ``batch_rows`` samples are waiting) sends it in
+two short transactions, one resolving new series, one inserting the samples.  Committing many
+scrapes at once matters on SQLite, which rewrites a 4 KB page per series per commit.
+
+If a flush fails the samples go back to the front of the buffer and the next flush retries
+them, so a database restart loses nothing unless the outage outlasts the buffer bound
+(``10 * batch_rows`` samples; the oldest are dropped beyond it, with a warning).
+
+Values: NaN samples are skipped at ``write()`` (with a debug log).  SQLite cannot store NaN at
+all (it reads it back as NULL), and in Triton/Prometheus output NaN means "no observation yet"
+(e.g. a summary quantile), which a stored aggregate would turn into NaN sums and averages.
++Inf and -Inf are stored as they are: both backends keep them exactly, and they are meaningful
+(a ``le="+Inf"`` bound, a gauge at its limit).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import sqlite3
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from itertools import pairwise
+from operator import itemgetter
+from types import TracebackType
+from typing import Any
+
+import psycopg
+from sqlalchemy import select
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+
+from schemas import tables as t
+from schemas.samples import Sample, TargetHealth
+from store import maintenance, query
+from store.engine import build_engine, parse_url, redact, transaction
+from store.errors import QueryError, StoreError
+from store.values import SeriesData, SeriesKey
+from store.write import Row, SeriesKeyTuple, dialect_insert, insert_samples, resolve_series
+
+log = logging.getLogger(__name__)
+
+#: The series-id cache is dropped this often so that each writer re-resolves (and so marks as
+#: in use, see ``maintenance.delete_empty_series``) every series it writes.  Raw retention must
+#: be longer than this.
+SERIES_CACHE_TTL_S = 600.0
+
+#: After a failed flush, ``write()`` waits this long before flushing automatically again, so
+#: that a down database does not add a connect timeout to every scrape.
+AUTO_FLUSH_BACKOFF_S = 5.0
+
+_DB_ERRORS = (SQLAlchemyError, psycopg.Error, sqlite3.Error)
+
+# Arbitrary constant key for pg_advisory_xact_lock around schema creation.
+_PG_LOCK_SCHEMA = 0x7477_0000
+
+# One buffered scrape: (target, ts_ms, samples).
+_Chunk = tuple[str, int, list[Sample]]
+
+
+def open_store(url: str, *, batch_rows: int = 50_000, timeout_s: float = 10.0) -> Store:
+    """Open the store at ``url``: ``sqlite:///path.db`` or ``postgresql://user:pw@host/db``.
+
+    Connects lazily: a down database fails the first statement, not this call.
+    ``timeout_s`` bounds how long a statement waits for SQLite's write lock, or for a
+    PostgreSQL connection.  Raises ValueError for an unsupported URL.
+    """
+    return Store(url, batch_rows=batch_rows, timeout_s=timeout_s)
+
+
+class Store:
+    """Buffered writes and the query layer over one database.  Thread-safe."""
+
+    def __init__(self, url: str, *, batch_rows: int = 50_000, timeout_s: float = 10.0) -> None:
+        if batch_rows < 1:
+            raise ValueError(f"batch_rows must be at least 1, got {batch_rows!r}")
+        parsed = parse_url(url)
+        #: The URL with its password masked: safe for logs and error messages.
+        self.url_redacted = redact(parsed)
+        self._engine = build_engine(parsed, timeout_s=timeout_s)
+        self._batch_rows = batch_rows
+        self._max_rows = 10 * batch_rows
+        self._lock = threading.Lock()  # guards the buffer
+        self._flush_lock = threading.Lock()  # one flush at a time; guards the series cache
+        self._buffer: deque[_Chunk] = deque()
+        self._rows = 0
+        self._cache: dict[SeriesKeyTuple, int] = {}
+        self._cache_born = time.monotonic()
+        self._retry_after = 0.0
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"Store({self.url_redacted!r})"
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    @property
+    def dialect(self) -> str:
+        """``"sqlite"`` or ``"postgresql"``."""
+        return self._engine.dialect.name
+
+    @property
+    def buffered(self) -> int:
+        """Samples written but not yet flushed."""
+        with self._lock:
+            return self._rows
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    def create_schema(self) -> None:
+        """Create missing tables (idempotent, safe from several processes at once)."""
+        with self._db("create schema"), transaction(self._engine, write=True) as conn:
+            # Two processes starting at once would race to CREATE the same tables.
+            maintenance.advisory_lock(conn, _PG_LOCK_SCHEMA)
+            t.metadata.create_all(conn)
+            stored = maintenance.get_meta(conn, "schema_version")
+            if stored is None:
+                maintenance.set_meta(conn, "schema_version", str(t.SCHEMA_VERSION))
+            elif int(stored) > t.SCHEMA_VERSION:
+                raise StoreError(
+                    f"{self.url_redacted}: schema version {stored} is newer than this "
+                    f"tritonwatch understands ({t.SCHEMA_VERSION}); upgrade tritonwatch",
+                    url=self.url_redacted,
+                )
+
+    def close(self) -> None:
+        """Flush what is buffered, then release the connections.
+
+        Raises StoreError if that last flush fails (the samples are then lost).
+        """
+        if self._closed:
+            return
+        try:
+            self.flush()
+        finally:
+            self._closed = True
+            self._engine.dispose()
+
+    # --- writes ------------------------------------------------------------------------------
+
+    def write(self, target: str, ts: float, samples: Iterable[Sample]) -> int:
+        """Buffer one scrape of ``target`` taken at ``ts`` (unix s); returns samples buffered.
+
+        Never touches the database unless the buffer is full, and even then a failing
+        automatic flush is logged, not raised: the samples stay buffered for the next flush.
+        """
+        if self._closed:
+            raise StoreError(f"{self.url_redacted}: store is closed", url=self.url_redacted)
+        items = list(samples)
+        kept = [s for s in items if s.value == s.value]  # NaN is the only value unequal to itself
+        if len(kept) != len(items):
+            log.debug("store: skipped %d NaN samples of %s", len(items) - len(kept), target)
+        if not kept:
+            return 0
+        with self._lock:
+            self._buffer.append((target, round(ts * 1000), kept))
+            self._rows += len(kept)
+            self._trim_locked()
+            due = self._rows >= self._batch_rows
+        if due and time.monotonic() >= self._retry_after:
+            self._auto_flush()
+        return len(kept)
+
+    def flush(self) -> int:
+        """Write everything buffered; returns the number of samples written.
+
+        On failure the samples stay buffered (up to the bound) and StoreError is raised.
+        """
+        with self._flush_lock:
+            return self._flush_locked()
+
+    def _auto_flush(self) -> None:
+        # Skip, rather than wait, if another thread is already flushing: it is writing our
+        # samples' predecessors, and a scrape must not stall behind the database.
+        if not self._flush_lock.acquire(blocking=False):
+            return
+        try:
+            self._flush_locked()
+        except StoreError as exc:
+            log.warning("store: automatic flush failed, samples kept for retry: %s", exc)
+        finally:
+            self._flush_lock.release()
+
+    def _flush_locked(self) -> int:
+        with self._lock:
+            chunks, self._buffer = self._buffer, deque()
+            taken, self._rows = self._rows, 0
+        if not chunks:
+            return 0
+        try:
+            with self._db("flush"):
+                written = self._write_chunks(chunks)
+        except StoreError:
+            with self._lock:
+                # Put them back in front of anything written meanwhile, oldest first.
+                chunks.extend(self._buffer)
+                self._buffer = chunks
+                self._rows += taken
+                self._trim_locked()
+            self._retry_after = time.monotonic() + AUTO_FLUSH_BACKOFF_S
+            raise
+        self._retry_after = 0.0
+        return written
+
+    def _trim_locked(self) -> None:
+        dropped = 0
+        while self._rows > self._max_rows and len(self._buffer) > 1:
+            _, _, samples = self._buffer.popleft()
+            self._rows -= len(samples)
+            dropped += len(samples)
+        if dropped:
+            log.warning(
+                "store: buffer over %d samples while %s is unavailable; dropped the oldest %d",
+                self._max_rows,
+                self.url_redacted,
+                dropped,
+            )
+
+    def _write_chunks(self, chunks: Iterable[_Chunk]) -> int:
+        if time.monotonic() - self._cache_born > SERIES_CACHE_TTL_S:
+            self._cache.clear()
+            self._cache_born = time.monotonic()
+        cache = self._cache
+        missing = {
+            key
+            for target, _, samples in chunks
+            for s in samples
+            if (key := (target, s.name, s.labels)) not in cache
+        }
+        if missing:
+            with transaction(self._engine, write=True) as conn:
+                ids = resolve_series(conn, missing, now_ms=round(time.time() * 1000))
+            cache.update(ids)  # only once committed
+        rows: list[Row] = [
+            (cache[(target, s.name, s.labels)], ts_ms, s.value)
+            for target, ts_ms, samples in chunks
+            for s in samples
+        ]
+        # Key order makes the inserts sequential in the (series_id, ts) B-tree; the sort is
+        # stable, so of two samples with the same key the one written last is kept.
+        rows.sort(key=itemgetter(0, 1))
+        unique = [row for row, nxt in pairwise(rows) if row[:2] != nxt[:2]]
+        unique.append(rows[-1])
+        with transaction(self._engine, write=True) as conn:
+            insert_samples(conn, unique)
+        return len(unique)
+
+    def write_health(self, h: TargetHealth) -> None:
+        """Record the latest scrape outcome of ``(h.target, h.source)``, logging up/down flips."""
+        th, thl = t.target_health, t.target_health_log
+        values = {
+            "target": h.target,
+            "source": h.source,
+            "ts": round(h.ts * 1000),
+            "up": h.up,
+            "duration_s": h.duration_s,
+            "samples": h.samples,
+            "error": h.error,
+        }
+        with self._db("write health"), transaction(self._engine, write=True) as conn:
+            prev = conn.execute(
+                select(th.c.up).where(th.c.target == h.target, th.c.source == h.source)
+            ).scalar_one_or_none()
+            stmt = dialect_insert(conn, th).values(**values)
+            conn.execute(
+                stmt.on_conflict_do_update(
+                    index_elements=[th.c.target, th.c.source],
+                    set_={k: stmt.excluded[k] for k in values if k not in ("target", "source")},
+                )
+            )
+            if prev is None or bool(prev) != h.up:
+                conn.execute(dialect_insert(conn, thl).values(**values).on_conflict_do_nothing())
+
+    def health(self) -> list[TargetHealth]:
+        """The latest outcome of every (target, source), sorted."""
+        th = t.target_health
+        return self._health_rows(select(th).order_by(th.c.target, th.c.source))
+
+    def health_log(
+        self, target: str | None = None, *, since: float | None = None
+    ) -> list[TargetHealth]:
+        """Up/down transitions (and each source's first report), oldest first."""
+        thl = t.target_health_log
+        stmt = select(thl).order_by(thl.c.ts, thl.c.target, thl.c.source)
+        if target is not None:
+            stmt = stmt.where(thl.c.target == target)
+        if since is not None:
+            stmt = stmt.where(thl.c.ts >= round(since * 1000))
+        return self._health_rows(stmt)
+
+    def _health_rows(self, stmt: Any) -> list[TargetHealth]:
+        with self._db("read health"), transaction(self._engine, write=False) as conn:
+            return [
+                TargetHealth(
+                    r.target, r.source, r.ts / 1000, bool(r.up), r.duration_s, r.samples, r.error
+                )
+                for r in conn.execute(stmt)
+            ]
+
+    def put_model_config(
+        self, target: str, model: str, config: Mapping[str, Any], fetched_at: float
+    ) -> None:
+        """Store the latest configuration of ``model`` on ``target`` (replacing the previous)."""
+        mc = t.model_configs
+        values = {
+            "target": target,
+            "model": model,
+            "fetched_at": round(fetched_at * 1000),
+            "config": json.dumps(config, sort_keys=True, separators=(",", ":")),
+        }
+        with self._db("write model config"), transaction(self._engine, write=True) as conn:
+            stmt = dialect_insert(conn, mc).values(**values)
+            conn.execute(
+                stmt.on_conflict_do_update(
+                    index_elements=[mc.c.target, mc.c.model],
+                    set_={"fetched_at": stmt.excluded.fetched_at, "config": stmt.excluded.config},
+                )
+            )
+
+    def model_configs(self, target: str | None = None) -> dict[tuple[str, str], dict[str, Any]]:
+        """``{(target, model): config}`` for one target or all."""
+        mc = t.model_configs
+        stmt = select(mc.c.target, mc.c.model, mc.c.config)
+        if target is not None:
+            stmt = stmt.where(mc.c.target == target)
+        with self._db("read model configs"), transaction(self._engine, write=False) as conn:
+            return {(r.target, r.model): json.loads(r.config) for r in conn.execute(stmt)}
+
+    # --- queries -----------------------------------------------------------------------------
+    #
+    # Queries see flushed samples only.  Times are unix seconds, windows inclusive at both ends.
+
+    def series(
+        self,
+        name: str | None = None,
+        *,
+        target: str | None = None,
+        match: Mapping[str, str] | None = None,
+    ) -> list[SeriesKey]:
+        """Known series, sorted; ``match`` is label equality (``""`` matches an absent label)."""
+        with self._db("query series"), transaction(self._engine, write=False) as conn:
+            found = query.find_series(conn, name=name, target=target, match=match)
+        return [key for _, key in found]
+
+    def range(
+        self,
+        name: str,
+        *,
+        start: float,
+        end: float,
+        target: str | None = None,
+        match: Mapping[str, str] | None = None,
+    ) -> list[SeriesData]:
+        """Raw samples of each matching series in ``[start, end]``; empty series left out."""
+        lo, hi = _window(start, end)
+        with self._db("query range"), transaction(self._engine, write=False) as conn:
+            found = query.find_series(conn, name=name, target=target, match=match)
+            return query.raw_range(conn, found, lo_ms=lo, hi_ms=hi)
+
+    def increase(
+        self,
+        name: str,
+        *,
+        start: float,
+        end: float,
+        target: str | None = None,
+        match: Mapping[str, str] | None = None,
+    ) -> list[tuple[SeriesKey, float]]:
+        """Reset-aware increase of each counter over its samples in ``[start, end]``.
+
+        A drop is a counter reset: the new value counts as the increase since the reset, as in
+        Prometheus.  Series with fewer than two samples in the window are left out.
+        """
+        return [(key, inc) for key, inc, _, _ in self._increase(name, start, end, target, match)]
+
+    def rate(
+        self,
+        name: str,
+        *,
+        start: float,
+        end: float,
+        target: str | None = None,
+        match: Mapping[str, str] | None = None,
+    ) -> list[tuple[SeriesKey, float]]:
+        """Per-second rate: increase divided by the time between the first and last sample.
+
+        Unlike PromQL ``rate()`` there is no extrapolation to the window edges: the result is
+        exactly what the samples show, which is what derived SLIs computed from consecutive
+        scrapes agree with.
+        """
+        return [
+            (key, inc / ((last - first) / 1000))
+            for key, inc, first, last in self._increase(name, start, end, target, match)
+        ]
+
+    def _increase(
+        self,
+        name: str,
+        start: float,
+        end: float,
+        target: str | None,
+        match: Mapping[str, str] | None,
+    ) -> list[tuple[SeriesKey, float, int, int]]:
+        lo, hi = _window(start, end)
+        with self._db("query increase"), transaction(self._engine, write=False) as conn:
+            found = query.find_series(conn, name=name, target=target, match=match)
+            return query.increase(conn, found, lo_ms=lo, hi_ms=hi)
+
+    def buckets(
+        self,
+        name: str,
+        *,
+        start: float,
+        end: float,
+        step: float,
+        agg: query.Agg,
+        target: str | None = None,
+        match: Mapping[str, str] | None = None,
+    ) -> list[SeriesData]:
+        """Samples of each series aggregated into ``step``-second buckets (aligned to the epoch).
+
+        Each point is stamped with its bucket's start; empty buckets are left out.  When
+        ``step`` is a multiple of 1 h or 5 min, completed rollups are read instead of raw
+        samples (raw fills in after the rollup watermark); rollups hold whole intervals, so
+        the first bucket may then include data from up to one interval before ``start``.
+        """
+        lo, hi = _window(start, end)
+        if agg not in query.AGGS:
+            raise QueryError(f"agg must be one of {sorted(query.AGGS)}, got {agg!r}")
+        if not math.isfinite(step) or round(step * 1000) < 1:
+            raise QueryError(f"step must be a positive number of seconds, got {step!r}")
+        with self._db("query buckets"), transaction(self._engine, write=False) as conn:
+            found = query.find_series(conn, name=name, target=target, match=match)
+            return query.buckets(
+                conn,
+                found,
+                lo_ms=lo,
+                hi_ms=hi,
+                step_ms=round(step * 1000),
+                agg=agg,
+                watermarks=maintenance.watermarks(conn),
+            )
+
+    # --- maintenance -------------------------------------------------------------------------
+
+    def rollup(self, now: float) -> int:
+        """Build 5 m and 1 h rollups of buckets completed since the last run; returns rows."""
+        with self._db("rollup"):
+            return maintenance.rollup(self._engine, now_ms=round(now * 1000))
+
+    def apply_retention(
+        self, now: float, *, raw_s: float, rollup_5m_s: float, rollup_1h_s: float
+    ) -> int:
+        """Delete samples and rollup rows past their retention, then series left empty.
+
+        Returns the number of sample and rollup rows deleted.  Deletes at most ``batch_rows``
+        rows per transaction.  Raw samples not yet rolled up are kept (see
+        ``maintenance.apply_retention``).
+        """
+        for setting, value in (
+            ("raw_s", raw_s),
+            ("rollup_5m_s", rollup_5m_s),
+            ("rollup_1h_s", rollup_1h_s),
+        ):
+            if not value > 0:
+                raise QueryError(f"retention `{setting}` must be positive, got {value!r}")
+        now_ms = round(now * 1000)
+        with self._db("apply retention"):
+            deleted = maintenance.apply_retention(
+                self._engine,
+                now_ms=now_ms,
+                raw_ms=round(raw_s * 1000),
+                rollup_5m_ms=round(rollup_5m_s * 1000),
+                rollup_1h_ms=round(rollup_1h_s * 1000),
+                batch_rows=self._batch_rows,
+            )
+            # Under the flush lock: a flush of this process may have just resolved a series
+            # that now looks empty; it must insert its samples before the series can go.
+            with self._flush_lock:
+                gone = maintenance.delete_empty_series(
+                    self._engine, resolved_before_ms=now_ms - round(raw_s * 1000)
+                )
+                if gone:
+                    self._cache.clear()
+        log.info("store: retention deleted %d rows and %d empty series", deleted, gone)
+        return deleted
+
+    # --- errors ------------------------------------------------------------------------------
+
+    @contextmanager
+    def _db(self, action: str) -> Iterator[None]:
+        """Turn driver and SQLAlchemy errors into StoreError naming the redacted URL."""
+        try:
+            yield
+        except _DB_ERRORS as exc:
+            cause = exc.orig if isinstance(exc, DBAPIError) else exc
+            reason = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+            raise StoreError(
+                f"{action} on {self.url_redacted} failed: {reason}", url=self.url_redacted
+            ) from exc
+
+
+def _window(start: float, end: float) -> tuple[int, int]:
+    if not (math.isfinite(start) and math.isfinite(end)):
+        raise QueryError(f"start and end must be finite, got start={start!r} end={end!r}")
+    if start > end:
+        raise QueryError(f"start {start!r} is after end {end!r}")
+    return round(start * 1000), round(end * 1000)

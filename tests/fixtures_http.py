@@ -1,0 +1,121 @@
+"""A real HTTP server in a thread that plays good and broken Triton /metrics endpoints.
+
+Paths: /ok (a valid Triton payload), /slow (answers after 30 s), /garbage (not Prometheus
+text), /endless (a body that never ends), /status/<code>, /big (a body past the limit once
+decompressed, served gzip).  A port nobody listens on plays a target that is down.
+"""
+
+from __future__ import annotations
+
+import gzip
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+OK_BODY = (
+    "# HELP nv_inference_count Number of inferences performed\n"
+    "# TYPE nv_inference_count counter\n"
+    'nv_inference_count{model="m",version="1"} 10\n'
+    "# HELP nv_inference_exec_count Number of model executions performed\n"
+    "# TYPE nv_inference_exec_count counter\n"
+    'nv_inference_exec_count{model="m",version="1"} 5\n'
+)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _Server
+
+    def log_message(self, format: str, *args: object) -> None:  # silence stderr
+        pass
+
+    def _send(self, code: int, body: bytes, headers: dict[str, str] | None = None) -> None:
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(body)))
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        self.server.hits.append((self.path, time.monotonic()))
+        path = self.path
+        try:
+            if path == "/ok":
+                self._send(200, self.server.ok_body.encode())
+            elif path == "/slow":
+                time.sleep(30)
+                self._send(200, OK_BODY.encode())
+            elif path == "/garbage":
+                self._send(200, b'nv_inference_count{model="m" 12 this is not prometheus\n{{{\n')
+            elif path == "/endless":
+                self.send_response(200)
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                chunk = b'x{a="b"} 1\n' * 1000
+                deadline = time.monotonic() + 60
+                while time.monotonic() < deadline:
+                    self.wfile.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
+                    time.sleep(0.01)
+            elif path == "/big":
+                body = gzip.compress(b"# " + b"a" * (8 << 20) + b"\n")
+                self._send(200, body, {"Content-Encoding": "gzip"})
+            elif path.startswith("/status/"):
+                self._send(int(path.rsplit("/", 1)[1]), b"nope")
+            elif path == "/headers":
+                auth = self.headers.get("Authorization", "")
+                self._send(200 if auth == "Bearer s3cr3t-token-value" else 401, OK_BODY.encode())
+            else:
+                self._send(404, b"not found")
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the scraper gave up on us, as it should
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    hits: list[tuple[str, float]]
+    ok_body: str
+
+
+class FakeTargets:
+    def __init__(self, server: _Server) -> None:
+        self.server = server
+        host, port = server.server_address[:2]
+        self.base = f"http://{host!s}:{port}"
+
+    def url(self, path: str) -> str:
+        return self.base + path
+
+    @property
+    def hits(self) -> list[tuple[str, float]]:
+        return self.server.hits
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def fake_targets() -> Iterator[FakeTargets]:
+    server = _Server(("127.0.0.1", 0), _Handler)
+    server.hits = []
+    server.ok_body = OK_BODY
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield FakeTargets(server)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def down_url() -> str:
+    """A URL on a port where nothing listens."""
+    return f"http://127.0.0.1:{free_port()}/metrics"

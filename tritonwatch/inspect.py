@@ -1,0 +1,126 @@
+"""``tritonwatch inspect``: parse a /metrics URL or saved file and show what Tritonwatch sees.
+
+One snapshot lists families, series counts and the SLIs a single reading gives (gauges:
+KV-cache, GPU, pending requests).  Two snapshots (two files, or one URL read twice
+``--seconds`` apart) add the per-model rates and ratios (request rate, batch fill rate, queue
+time, ...).  Fill rate needs ``max_batch_size``: it is read from the live server's model-config
+API when the source is a URL (or ``--http-url``), or given as ``--max-batch-size MODEL=N``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from collector.derive import Deriver
+from collector.parse import parse
+from collector.scrape import fetch_metrics, make_client
+from collector.triton import TritonApi
+from schemas.samples import MetricFamily, Sample, Snapshot, label_value
+from schemas.triton import ModelConfigInfo
+
+TARGET = "inspect"
+
+
+def is_url(source: str) -> bool:
+    return source.startswith(("http://", "https://"))
+
+
+async def read_source(source: str, timeout: float = 10.0, max_bytes: int = 256 << 20) -> str:
+    if is_url(source):
+        async with make_client() as client:
+            body = await fetch_metrics(client, source, source, timeout=timeout,
+                                       max_bytes=max_bytes)
+        return body.text
+    return Path(source).read_text(encoding="utf-8")
+
+
+def guess_http_url(metrics_url: str) -> str | None:
+    """Triton's HTTP API usually sits on 8000 when metrics are on 8002."""
+    parts = urlsplit(metrics_url)
+    if parts.port == 8002 and parts.hostname:
+        return urlunsplit((parts.scheme, f"{parts.hostname}:8000", "", "", ""))
+    return None
+
+
+def model_configs(
+    http_url: str | None, overrides: Mapping[str, int]
+) -> tuple[dict[str, ModelConfigInfo], str | None]:
+    configs: dict[str, ModelConfigInfo] = {}
+    error = None
+    if http_url:
+        try:
+            api = TritonApi(TARGET, http_url=http_url, grpc_url=None, timeout=5.0)
+            configs = api.read_blocking(time.time()).configs
+        except ConnectionError as exc:
+            error = str(exc)
+    for model, size in overrides.items():
+        configs[model] = ModelConfigInfo(name=model, max_batch_size=size)
+    return configs, error
+
+
+def _clean(value: float) -> float | None:
+    return None if math.isnan(value) or math.isinf(value) else round(value, 6)
+
+
+def summarise(
+    families: Sequence[MetricFamily], derived: Sequence[Sample], interval: float | None,
+    config_error: str | None = None,
+) -> dict[str, Any]:
+    models: dict[str, dict[str, float | None]] = {}
+    gpus: dict[str, dict[str, float | None]] = {}
+    server: dict[str, float | None] = {}
+    for sample in derived:
+        name = sample.name.removeprefix("sli:")
+        model = label_value(sample.labels, "model")
+        gpu = label_value(sample.labels, "gpu_uuid")
+        reason = label_value(sample.labels, "reason")
+        key = f"{name}{{reason={reason}}}" if reason else name
+        if model:
+            models.setdefault(model, {})[key] = _clean(sample.value)
+        elif gpu:
+            gpus.setdefault(gpu, {})[key] = _clean(sample.value)
+        else:
+            server[key] = _clean(sample.value)
+    out: dict[str, Any] = {
+        "families": [
+            {"name": f.name, "type": f.type, "series": len(f.samples)} for f in families
+        ],
+        "series": sum(len(f.samples) for f in families),
+        "interval_s": interval,
+        "models": dict(sorted(models.items())),
+        "gpus": dict(sorted(gpus.items())),
+        "server": server,
+    }
+    if config_error:
+        out["config_error"] = config_error
+    return out
+
+
+async def inspect_sources(
+    source: str, source2: str | None, *, seconds: float | None,
+    max_batch_size: Mapping[str, int], http_url: str | None,
+) -> dict[str, Any]:
+    if source2 is None and seconds is not None and not is_url(source):
+        raise ValueError("--seconds without SOURCE2 needs a URL to read twice")
+    if source2 is not None and seconds is None:
+        raise ValueError("two sources need --seconds (the time between them)")
+    if http_url is None and is_url(source):
+        http_url = guess_http_url(source)
+    configs, config_error = await asyncio.to_thread(model_configs, http_url, max_batch_size)
+    deriver = Deriver(TARGET, max_gap_s=math.inf)
+    first = parse(await read_source(source))
+    derived = deriver.derive(Snapshot(TARGET, 0.0, tuple(first)), configs)
+    if seconds is None:
+        return summarise(first, derived, None, config_error)
+    if source2 is None:
+        await asyncio.sleep(seconds)
+        source2 = source
+    second = parse(await read_source(source2))
+    derived = deriver.derive(Snapshot(TARGET, seconds, tuple(second)), configs)
+    return summarise(second, derived, seconds, config_error)

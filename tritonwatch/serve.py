@@ -1,0 +1,116 @@
+"""``tritonwatch serve``: the collector jobs, the store and the API in one asyncio process.
+
+Shutdown order matters for "loses no data": on SIGTERM/SIGINT the API stops accepting
+requests, the scheduler stops starting jobs, running scrapes finish, and only then is the
+store's buffer flushed (retried a few times if the database is briefly away).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from collections.abc import Awaitable, Callable, Generator
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+
+from api.app import create_app
+from collector.jobs import Collector, SelfMetrics
+from schemas.config import Config
+from store import Store, open_store
+
+log = logging.getLogger(__name__)
+
+
+class _Server(uvicorn.Server):
+    # uvicorn re-raises a captured SIGTERM after serve() returns, which would kill the
+    # process before the final flush; serve() installs its own handlers instead.
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+
+def split_listen(listen: str) -> tuple[str, int]:
+    host, _, port = listen.rpartition(":")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def prepare_store(config: Config) -> Store:
+    url = config.store.url
+    if url.startswith("sqlite:///"):
+        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    store = open_store(url)
+    store.create_schema()
+    return store
+
+
+async def serve(
+    config: Config,
+    *,
+    listen: str | None = None,
+    sidecar: Callable[[Collector], Awaitable[Any]] | None = None,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Run until SIGTERM/SIGINT (or ``stop`` is set).  ``sidecar`` runs alongside (the demo's
+    live view) and is cancelled at shutdown."""
+    store = prepare_store(config)
+    metrics = SelfMetrics()
+    collector = Collector(config, store, metrics=metrics)
+    scheduler = AsyncIOScheduler(timezone="UTC")
+    collector.install(scheduler)
+    host, port = split_listen(listen or config.api.listen)
+    server = _Server(uvicorn.Config(
+        create_app(store, registry=metrics.registry), host=host, port=port,
+        log_level="warning", lifespan="off", access_log=False,
+    ))
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+
+    async def _stop_server() -> None:
+        await stop.wait()
+        server.should_exit = True
+
+    log.info("serving %d target(s); store %s; API on %s:%d",
+             len(config.targets), store.url_redacted, host, port)
+    scheduler.start()
+    tasks = [asyncio.create_task(_stop_server())]
+    side = asyncio.create_task(sidecar(collector)) if sidecar else None
+    try:
+        await server.serve()
+    finally:
+        stop.set()
+        scheduler.shutdown(wait=False)
+        if side is not None:
+            side.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await side
+        for task in tasks:
+            task.cancel()
+        # Let in-flight scrapes (already awaiting I/O) land in the buffer before the flush.
+        await asyncio.sleep(0)
+        await collector.close()
+        final_flush(store)
+        store.close()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.remove_signal_handler(sig)
+
+
+def final_flush(store: Store, attempts: int = 5, delay: float = 1.0) -> None:
+    for attempt in range(1, attempts + 1):
+        try:
+            written = store.flush()
+            log.info("final flush wrote %d samples", written)
+            return
+        except ConnectionError as exc:
+            log.error("final flush failed (attempt %d/%d): %s", attempt, attempts, exc)
+            time.sleep(delay)
+    log.error("giving up: buffered samples could not be written to %s", store.url_redacted)
