@@ -137,6 +137,7 @@ class Collector:
         self.targets = {t.name: TargetState(t) for t in config.targets}
         self._client = client
         self._semaphore = asyncio.Semaphore(config.scrape.max_concurrency)
+        self._last_health: dict[tuple[str, str], TargetHealth] = {}
 
     @property
     def client(self) -> httpx.AsyncClient:
@@ -150,6 +151,14 @@ class Collector:
             self._client = None
 
     async def _record(self, health: TargetHealth) -> None:
+        # Log transitions only: a target that stays down must not write a line per scrape.
+        key = (health.target, health.source)
+        before = self._last_health.get(key)
+        if not health.up and (before is None or before.up or before.error != health.error):
+            log.warning("%s of target %s down: %s", health.source, health.target, health.error)
+        elif health.up and before is not None and not before.up:
+            log.warning("%s of target %s is back up", health.source, health.target)
+        self._last_health[key] = health
         self.metrics.record(health)
         await asyncio.to_thread(self.store.write_health, health)
 
@@ -171,7 +180,6 @@ class Collector:
             reason = exc.reason if isinstance(exc, ScrapeError) else f"unparsable body: {exc}"
             health = TargetHealth(name, "metrics", now, False, time.perf_counter() - start, 0,
                                   reason)
-            log.warning("target %s down: %s", name, reason)
             await self._record(health)
             await asyncio.to_thread(self.store.write, name, now, self._up_samples(health))
             return health
@@ -208,7 +216,6 @@ class Collector:
             reading = await state.api.read(now)
         except TritonApiError as exc:
             health = TargetHealth(name, "api", now, False, 0.0, 0, exc.reason)
-            log.warning("Triton API of %s unavailable: %s", name, exc.reason)
             await self._record(health)
             return health
         state.set_configs(reading.configs)
@@ -266,6 +273,8 @@ class Collector:
 
     def _on_job_event(self, event: JobExecutionEvent) -> None:
         job = str(event.job_id).split(":", 1)[0]
+        if isinstance(event.exception, asyncio.CancelledError):
+            return  # the scheduler is shutting down mid-scrape: not a failure
         if event.code == EVENT_JOB_MISSED:
             self.metrics.job_missed.labels(job).inc()
             log.warning("job %s missed its run time", event.job_id)

@@ -34,6 +34,7 @@ binary has no restricted gRPC protocol, unlike PyTriton's ``Triton()``.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import logging
@@ -225,6 +226,7 @@ class TritonRig:
         #: Seconds the last successful start took, until every model was ready.
         self.last_start_seconds: float | None = None
         self._shm_before: set[Path] = set()
+        self._atexit_registered = False
         self._shm_regions: set[Path] = set()
 
     # -- paths and addresses -----------------------------------------------------------------
@@ -320,7 +322,7 @@ class TritonRig:
             f"--metrics-interval-ms={self.metrics_interval_ms}",
             # No GPU here; DCGM would only log warnings.
             "--allow-gpu-metrics=false",
-            # Shut down quickly on SIGTERM instead of waiting 30 s for open streams.
+            # On SIGTERM wait at most 3 s (default 30) for in-flight requests.
             "--exit-timeout-secs=3",
             *self.extra_args,
         ]
@@ -375,7 +377,12 @@ class TritonRig:
         with open(self.log_path, "ab") as logf:
             logf.write(f"==== tritonwatch rig start {time.strftime('%F %T')} ====\n".encode())
             logf.flush()
-            on_main = threading.current_thread() is threading.main_thread()
+            # PDEATHSIG fires when the spawning *thread* exits, so only use it from the main
+            # thread (pytest, the CLI); Python 3.12+ also warns about preexec_fn while other
+            # threads run. Otherwise stop(), the context manager or atexit clean up.
+            use_pdeathsig = threading.current_thread() is threading.main_thread() and (
+                sys.version_info < (3, 12) or threading.active_count() == 1
+            )
             self._proc = subprocess.Popen(
                 self._command(inst),
                 cwd=self.workdir,
@@ -383,10 +390,11 @@ class TritonRig:
                 stdin=subprocess.DEVNULL,
                 stdout=logf,
                 stderr=subprocess.STDOUT,
-                # PDEATHSIG fires when the spawning *thread* exits, so only use it from the main
-                # thread (pytest, the CLI); others rely on stop() / the context manager.
-                preexec_fn=_set_parent_death_signal if on_main else None,
+                preexec_fn=_set_parent_death_signal if use_pdeathsig else None,
             )
+        if not self._atexit_registered:
+            atexit.register(self.stop)
+            self._atexit_registered = True
 
     def _wait_ready(self, deadline: float) -> None:
         paths = ["/v2/health/ready", *(f"/v2/models/{m}/ready" for m in self.models)]

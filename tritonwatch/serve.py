@@ -12,7 +12,7 @@ import contextlib
 import logging
 import signal
 import time
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Callable, Coroutine, Generator
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +53,7 @@ async def serve(
     config: Config,
     *,
     listen: str | None = None,
-    sidecar: Callable[[Collector], Awaitable[Any]] | None = None,
+    sidecar: Callable[[Collector], Coroutine[Any, Any, None]] | None = None,
     stop: asyncio.Event | None = None,
 ) -> None:
     """Run until SIGTERM/SIGINT (or ``stop`` is set).  ``sidecar`` runs alongside (the demo's
@@ -82,7 +82,9 @@ async def serve(
              len(config.targets), store.url_redacted, host, port)
     scheduler.start()
     tasks = [asyncio.create_task(_stop_server())]
-    side = asyncio.create_task(sidecar(collector)) if sidecar else None
+    side: asyncio.Task[None] | None = (
+        asyncio.create_task(sidecar(collector)) if sidecar else None
+    )
     try:
         await server.serve()
     finally:

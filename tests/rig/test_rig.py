@@ -268,7 +268,9 @@ def test_trt_llm_metric_families(
     assert general["timestamp"] > 1.6e15  # microseconds since the epoch
 
 
-def test_restart_keeps_ports_and_resets_counters(triton_rig: TritonRig) -> None:
+def test_restart_keeps_ports_and_resets_counters(
+    triton_rig: TritonRig, rig_load: Callable[..., LoadGenerator]
+) -> None:
     client = grpcclient.InferenceServerClient(triton_rig.grpc_url)
     try:
         inp = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
@@ -287,3 +289,37 @@ def test_restart_keeps_ports_and_resets_counters(triton_rig: TritonRig) -> None:
     assert triton_rig.pid != pid
     counts = by_label(scrape(triton_rig)["nv_inference_count"], "model")
     assert counts == {"batcher": 0, "fake_llm": 0}
+
+    # Traffic survives a restart: the load generator counts errors and reconnects.
+    gen = rig_load(concurrency=2, llm_concurrency=1)
+    deadline = time.monotonic() + 10
+    while gen.stats().llm.ok < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    triton_rig.restart()
+    before = gen.stats()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        after = gen.stats()
+        if after.batcher.ok > before.batcher.ok and after.llm.ok > before.llm.ok:
+            break
+        time.sleep(0.1)
+    assert after.batcher.ok > before.batcher.ok, after
+    assert after.llm.ok > before.llm.ok, after
+    assert gen.running
+
+
+def test_control_defaults_match_the_models(triton_rig: TritonRig) -> None:
+    # The models cannot import product code, so their DEFAULTS are copies: keep them in step.
+    import ast
+
+    from tritonwatch.rig import CONTROL_DEFAULTS
+
+    merged: dict[str, Any] = {}
+    for model in ("batcher", "fake_llm"):
+        path = triton_rig.model_repo / model / "1" / "model.py"
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", "") == "DEFAULTS":
+                assert node.value is not None
+                merged.update(ast.literal_eval(node.value))
+    assert merged == CONTROL_DEFAULTS
+    assert triton_rig.read_control() == CONTROL_DEFAULTS
