@@ -1,6 +1,7 @@
 """The collector's jobs against real HTTP targets (good and broken) and a real SQLite store."""
 
 import asyncio
+import itertools
 import time
 
 import pytest
@@ -91,7 +92,7 @@ def test_broken_targets_are_marked_down_and_never_delay_the_good_one(
     # The good target was scraped on its 1 s schedule throughout: 5 or 6 scrapes, evenly spaced.
     good = [t for path, t in fake_targets.hits if path == "/ok"]
     assert len(good) >= 5
-    gaps = [b - a for a, b in zip(good, good[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(good)]
     assert max(gaps) < 1.3 and min(gaps) > 0.7
     # Down targets get `up` 0 in the store, like Prometheus.
     (up,) = store.range("up", start=0, end=time.time() + 10, target="down")

@@ -38,7 +38,7 @@ def test_down_target_names_the_target(down_url):
 
 def test_slow_target_is_cut_at_its_timeout(fake_targets):
     start = time.monotonic()
-    with pytest.raises(ScrapeTimeout, match="timed out after 0.5s"):
+    with pytest.raises(ScrapeTimeout, match=r"timed out after 0\.5s"):
         fetch(fake_targets.url("/slow"), timeout=0.5)
     assert time.monotonic() - start < 2
 
