@@ -1,0 +1,115 @@
+"""The `tritonwatch` console script, run as a user would (a subprocess)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from schemas.samples import label_value
+from collector.parse import parse
+
+RIG = Path(__file__).parent.parent / "fixtures" / "rig"
+EXE = Path(sys.executable).with_name("tritonwatch")
+
+
+def run(*args, check=True, timeout=60):
+    proc = subprocess.run([str(EXE), *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "COLUMNS": "200"})
+    if check:
+        assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def test_console_script_is_installed():
+    assert EXE.exists(), "pip install -e . should install the tritonwatch entry point"
+    assert "check-config" in run("--help").stdout
+
+
+def test_check_config_ok(tmp_path):
+    path = tmp_path / "ok.yaml"
+    path.write_text("targets:\n  - {name: a, metrics_url: 'http://h:8002/metrics'}\n")
+    assert "OK (1 target(s), store sqlite)" in run("check-config", str(path)).stdout
+
+
+def test_check_config_prints_every_error_with_its_key_path(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text(
+        "targets:\n"
+        "  - {name: a, metrics_url: 'ftp://h'}\n"
+        "  - {name: b, metrics_url: 'http://h/m', scrape_interval: often}\n"
+        "scrape: {timeout: 1m}\n"
+    )
+    proc = run("check-config", str(path), check=False)
+    assert proc.returncode == 1
+    assert "3 error(s)" in proc.stderr
+    assert "targets[0].metrics_url: 'ftp://h' is not an http(s) URL" in proc.stderr
+    assert "targets[1].scrape_interval: invalid duration 'often'" in proc.stderr
+    assert "scrape: timeout (60s) must not exceed interval (15s)" in proc.stderr
+
+
+def test_inspect_one_snapshot_lists_families_and_gauge_slis():
+    proc = run("inspect", str(RIG / "metrics-load-1.prom"), "--json")
+    result = json.loads(proc.stdout)
+    text = (RIG / "metrics-load-1.prom").read_text()
+    families = parse(text)
+    assert result["series"] == sum(len(f.samples) for f in families)
+    assert {f["name"] for f in result["families"]} == {f.name for f in families}
+    kv = result["models"]["fake_llm"]["kv_cache_utilization"]
+    raw = {label_value(s.labels, "kv_cache_block_type"): s.value for f in families
+           for s in f.samples if f.name == "nv_trt_llm_kv_cache_block_metrics"}
+    assert kv == pytest.approx(raw["used"] / raw["max"])
+    assert "request_rate" not in result["models"].get("batcher", {})  # needs two snapshots
+
+
+def counter(text, name, model):
+    return sum(s.value for f in parse(text) for s in f.samples
+               if s.name == name and label_value(s.labels, "model") == model)
+
+
+def test_inspect_two_snapshots_gives_rates_and_fill_rate():
+    a, b = RIG / "metrics-load-1.prom", RIG / "metrics-load-2.prom"
+    result = json.loads(run("inspect", str(a), str(b), "--seconds", "5",
+                            "--max-batch-size", "batcher=16", "--json").stdout)
+    batcher = result["models"]["batcher"]
+    ta, tb = a.read_text(), b.read_text()
+    d_count = counter(tb, "nv_inference_count", "batcher") - counter(ta, "nv_inference_count",
+                                                                       "batcher")
+    d_exec = counter(tb, "nv_inference_exec_count", "batcher") - counter(
+        ta, "nv_inference_exec_count", "batcher")
+    assert batcher["batch_fill_rate"] == pytest.approx(d_count / d_exec / 16, rel=1e-4)
+    assert batcher["inference_rate"] == pytest.approx(d_count / 5, rel=1e-4)
+    assert result["interval_s"] == 5
+
+
+def test_inspect_table_output_is_readable():
+    out = run("inspect", str(RIG / "metrics-load-1.prom"), str(RIG / "metrics-load-2.prom"),
+              "--seconds", "5", "--max-batch-size", "batcher=16").stdout
+    assert "nv_inference_count" in out and "batcher" in out and "fill" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["a.prom", "b.prom"], "two sources need --seconds"),
+        (["a.prom", "--seconds", "3"], "needs a URL"),
+        (["x.prom", "--max-batch-size", "batcher"], "expected MODEL=N"),
+        (["/no/such/file.prom"], "No such file"),
+    ],
+)
+def test_inspect_usage_errors(args, message):
+    proc = run("inspect", *args, check=False)
+    assert proc.returncode == 2 and message in proc.stderr
+
+
+@pytest.mark.triton
+def test_inspect_live_server_reads_max_batch_size_from_the_api(triton_rig, rig_load):
+    rig_load(concurrency=6)
+    result = json.loads(run("inspect", triton_rig.metrics_url, "--seconds", "2",
+                            "--http-url", triton_rig.http_url, "--json").stdout)
+    batcher = result["models"]["batcher"]
+    assert batcher["request_rate"] > 0
+    assert 0 < batcher["batch_fill_rate"] <= 1
+    assert batcher["batch_fill_rate"] == pytest.approx(batcher["avg_batch_size"] / 16)

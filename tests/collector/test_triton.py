@@ -1,0 +1,91 @@
+"""Model-config and statistics JSON from real captures (HTTP numbers, gRPC uint64 strings)."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from collector.triton import TritonApi, TritonApiError, parse_model_config, stats_families
+from schemas.samples import label_value
+
+RIG = Path(__file__).parent.parent / "fixtures" / "rig"
+
+
+def load(name):
+    return json.loads((RIG / name).read_text())
+
+
+@pytest.mark.parametrize("name", ["config-batcher-http.json", "config-batcher-grpc.json"])
+def test_batcher_config_from_http_and_grpc_json(name):
+    info = parse_model_config(load(name))
+    assert info.name == "batcher"
+    assert info.max_batch_size == 16
+    assert info.preferred_batch_sizes == (4, 8)
+    assert info.max_queue_delay_us == 20000  # a uint64 string in the gRPC capture
+    assert info.instance_count == 1 and info.instance_kinds == ("KIND_CPU",)
+    assert not info.decoupled and info.backend == "python"
+
+
+def test_decoupled_llm_config():
+    info = parse_model_config(load("config-fake_llm-http.json"))
+    assert info.decoupled and info.max_batch_size == 0
+    assert info.max_queue_delay_us is None  # no dynamic batcher: fill rate is N/A anyway
+
+
+def flatten(families):
+    return {(s.name, s.labels): s.value for f in families for s in f.samples}
+
+
+def test_stats_http_and_grpc_give_the_same_counters():
+    http = flatten(stats_families(load("stats-http.json")))
+    grpc = flatten(stats_families(load("stats-grpc.json")))
+    assert set(http) == set(grpc)  # same shape, whatever the JSON number encoding
+    assert all(isinstance(v, float) for v in grpc.values())
+
+
+def test_stats_counters_match_the_json():
+    raw = load("stats-grpc.json")
+    (batcher,) = [m for m in raw["model_stats"] if m["name"] == "batcher"]
+    samples = flatten(stats_families(raw))
+    base = (("model", "batcher"), ("version", "1"))
+    assert samples[("triton_stats_inference_count", base)] == int(batcher["inference_count"])
+    assert samples[("triton_stats_execution_count", base)] == int(batcher["execution_count"])
+    assert samples[("triton_stats_queue_ns", base)] == int(batcher["inference_stats"]["queue"]["ns"])
+    # batch_stats: executions of each size are compute_infer.count (no top-level count key).
+    executions = {
+        label_value(labels, "batch_size"): value
+        for (name, labels), value in samples.items()
+        if name == "triton_stats_batch_executions" and label_value(labels, "model") == "batcher"
+    }
+    assert executions == {
+        str(b["batch_size"]): int(b["compute_infer"]["count"]) for b in batcher["batch_stats"]
+    }
+    # Σ size × executions equals inference_count: the exact fill-rate numerator.
+    total = sum(int(size) * count for size, count in executions.items())
+    assert total == int(batcher["inference_count"])
+
+
+def test_missing_fields_count_as_zero():
+    families = stats_families({"model_stats": [{"name": "m", "version": "1",
+                                                 "inference_stats": {"fail": {}}}]})
+    values = flatten(families)
+    assert values[("triton_stats_fail_count", (("model", "m"), ("version", "1")))] == 0.0
+
+
+def test_unreachable_api_is_a_clear_error(down_url):
+    api = TritonApi("t9", http_url=down_url.removesuffix("/metrics"), grpc_url=None, timeout=1)
+    with pytest.raises(TritonApiError, match="Triton API of 't9': get_model_repository_index"):
+        api.read_blocking(0.0)
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_live_read_from_the_rig(triton_rig, protocol):
+    urls = {"http_url": triton_rig.http_url, "grpc_url": None} if protocol == "http" else \
+        {"http_url": None, "grpc_url": triton_rig.grpc_url}
+    reading = TritonApi("rig", **urls).read_blocking(123.0)
+    assert reading.configs["batcher"].max_batch_size == 16
+    assert reading.configs["fake_llm"].decoupled
+    assert reading.stats.ts == 123.0
+    names = {f.name for f in reading.stats.families}
+    assert {"triton_stats_inference_count", "triton_stats_execution_count"} <= names
