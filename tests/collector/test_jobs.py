@@ -105,3 +105,35 @@ def test_stagger_is_stable_and_within_interval():
     offsets = {stagger_offset(f"t{i}", 15.0) for i in range(50)}
     assert all(0 <= o < 15 for o in offsets) and len(offsets) == 50
     assert stagger_offset("x", 15.0) == stagger_offset("x", 15.0)
+
+
+def test_a_failing_job_is_counted_and_never_stops_the_others(fake_targets, store, monkeypatch):
+    from store import StoreError
+
+    def broken_flush():
+        raise StoreError("database is down (test)", url="sqlite:///x")
+
+    monkeypatch.setattr(store, "flush", broken_flush)
+    config = validate_config({
+        "targets": [{"name": "good", "metrics_url": fake_targets.url("/ok")}],
+        "scrape": {"interval": "1s", "timeout": "500ms"},
+        "store": {"flush_interval": "1s"},
+    })
+    metrics = SelfMetrics()
+
+    async def run():
+        collector = Collector(config, store, metrics=metrics)
+        scheduler = AsyncIOScheduler(timezone="UTC")
+        collector.install(scheduler)
+        scheduler.start()
+        await asyncio.sleep(3.5)
+        running = scheduler.running
+        scheduler.shutdown(wait=False)
+        await collector.close()
+        return running
+
+    assert asyncio.run(run())
+    assert metrics.job_failures.labels("store")._value.get() >= 3
+    assert metrics.store_errors._value.get() >= 3
+    assert len([p for p, _ in fake_targets.hits if p == "/ok"]) >= 3
+    assert store.buffered > 0  # nothing was lost: the samples wait for the next flush
