@@ -50,7 +50,8 @@ def test_stats_counters_match_the_json():
     base = (("model", "batcher"), ("version", "1"))
     assert samples[("triton_stats_inference_count", base)] == int(batcher["inference_count"])
     assert samples[("triton_stats_execution_count", base)] == int(batcher["execution_count"])
-    assert samples[("triton_stats_queue_ns", base)] == int(batcher["inference_stats"]["queue"]["ns"])
+    queue_ns = int(batcher["inference_stats"]["queue"]["ns"])
+    assert samples[("triton_stats_queue_ns", base)] == queue_ns
     # batch_stats: executions of each size are compute_infer.count (no top-level count key).
     executions = {
         label_value(labels, "batch_size"): value
@@ -60,7 +61,7 @@ def test_stats_counters_match_the_json():
     assert executions == {
         str(b["batch_size"]): int(b["compute_infer"]["count"]) for b in batcher["batch_stats"]
     }
-    # Σ size × executions equals inference_count: the exact fill-rate numerator.
+    # The sum of size * executions equals inference_count: the exact fill-rate numerator.
     total = sum(int(size) * count for size, count in executions.items())
     assert total == int(batcher["inference_count"])
 
