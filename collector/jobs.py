@@ -28,10 +28,15 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from collector.derive import Deriver
+from collector.gpu import GpuSliDeriver
+from collector.nvml import NvmlCollector
 from collector.parse import ParseError, parse
+from collector.probes.runner import ProbeRunner, resolve_url
+from collector.probes.sink import ProbeMetrics, run_samples
 from collector.scrape import ScrapeError, fetch_metrics, make_client
 from collector.triton import TritonApi, TritonApiError
 from schemas.config import Config, TargetConfig
+from schemas.probes import ProbeResult
 from schemas.samples import Labels, Sample, Snapshot, TargetHealth
 from schemas.triton import ModelConfigInfo
 from store import Store
@@ -88,6 +93,8 @@ class SelfMetrics:
             "tritonwatch_store_flush_errors", "Failed store flushes (data kept for retry)",
             registry=self.registry,
         )
+        #: Synthetic probe latency histograms (``tritonwatch_probe_*``), same registry.
+        self.probes = ProbeMetrics(self.registry)
 
     def record(self, health: TargetHealth) -> None:
         self.up.labels(health.target, health.source).set(1.0 if health.up else 0.0)
@@ -111,6 +118,7 @@ class TargetState:
             if target.http_url or target.grpc_url else None
         )
         self.latest: list[Sample] = []  # derived SLIs of the last scrape, for display
+        self.latest_raw: list[Sample] = []  # raw samples of the last scrape, for the GPU join
 
     def set_configs(self, configs: Mapping[str, ModelConfigInfo]) -> None:
         merged = dict(configs)
@@ -138,6 +146,18 @@ class Collector:
         self._client = client
         self._semaphore = asyncio.Semaphore(config.scrape.max_concurrency)
         self._last_health: dict[tuple[str, str], TargetHealth] = {}
+        self.nvml: NvmlCollector | None = None
+        self.gpu_deriver: GpuSliDeriver | None = None
+        if config.nvml.enabled:
+            self.nvml = NvmlCollector.from_config(config.nvml, clock=clock)
+            self.gpu_deriver = GpuSliDeriver(
+                idle_utilization_below=config.nvml.idle_utilization_below,
+                queue_time_rise_min_s=config.nvml.queue_time_rise_min,
+            )
+        self.probes: dict[str, ProbeRunner] = {}
+        for probe in config.probes:
+            target, url = resolve_url(probe, config)
+            self.probes[probe.name] = ProbeRunner(probe, url, target)
 
     @property
     def client(self) -> httpx.AsyncClient:
@@ -146,6 +166,10 @@ class Collector:
         return self._client
 
     async def close(self) -> None:
+        if self.nvml is not None:
+            await asyncio.to_thread(self.nvml.close)
+        for runner in self.probes.values():
+            await asyncio.to_thread(runner.close)
         if self._client is not None:
             await self._client.aclose()
             self._client = None
@@ -187,6 +211,7 @@ class Collector:
         raw = list(snap.samples())
         derived = state.deriver.derive(snap, state.configs)
         state.latest = derived
+        state.latest_raw = raw
         samples = raw + derived
         if target.labels:
             samples = _with_target_labels(samples, target.labels)
@@ -228,6 +253,54 @@ class Collector:
         await self._record(health)
         return health
 
+    async def read_nvml(self) -> TargetHealth:
+        """Local GPUs through NVML, joined with every target's view of the same GPUs.
+
+        The join runs even while NVML is unavailable: it then works from Triton's nv_gpu_*
+        series alone, so "idle while requests queue" still flows on hosts without NVML.
+        """
+        if self.nvml is None or self.gpu_deriver is None:
+            raise ValueError("NVML is disabled in the configuration")
+        samples, health = await asyncio.to_thread(self.nvml.collect)
+        triton = {name: st.latest_raw + st.latest for name, st in self.targets.items()}
+        samples = samples + self.gpu_deriver.derive(samples, triton)
+        await asyncio.to_thread(self.store.write, health.target, health.ts, samples)
+        await self._record(health)
+        return health
+
+    async def run_probe(self, name: str) -> list[ProbeResult]:
+        """One run of a synthetic probe (in a worker thread); results, series and histograms.
+
+        Request errors are results, not exceptions; whatever else goes wrong is recorded as the
+        probe's health and re-raised for the job listener, which counts it and carries on.
+        """
+        runner = self.probes[name]
+        source = f"probe:{name}"
+        now = self.clock()
+        start = time.perf_counter()
+        try:
+            results = await asyncio.to_thread(runner.run)
+        except Exception as exc:
+            health = TargetHealth(runner.target, source, now, False, time.perf_counter() - start,
+                                  0, f"probe run failed: {exc!r}")
+            await self._record(health)
+            raise
+        for result in results:
+            self.metrics.probes.observe(result)
+        failed = [r for r in results if not r.ok]
+        await asyncio.to_thread(self.store.write_probe_results, results)
+        await asyncio.to_thread(self.store.write, runner.target, now,
+                                run_samples(runner.config, results))
+        error = None
+        if failed:
+            last = failed[-1]
+            error = f"{len(failed)}/{len(results)} failed; last {last.error_kind}: " \
+                    f"{last.error_message}"
+        health = TargetHealth(runner.target, source, now, len(failed) < len(results),
+                              time.perf_counter() - start, len(results), error)
+        await self._record(health)
+        return results
+
     async def flush(self) -> int:
         try:
             return await asyncio.to_thread(self.store.flush)
@@ -255,6 +328,11 @@ class Collector:
             if state.api is not None:
                 self._add(scheduler, self.read_api, f"api:{name}", self.config.scrape.api_interval,
                           now, args=[name])
+        if self.nvml is not None:
+            self._add(scheduler, self.read_nvml, "nvml", self.config.nvml.interval, now)
+        for name, runner in self.probes.items():
+            self._add(scheduler, self.run_probe, f"probe:{name}", runner.config.interval, now,
+                      args=[name])
         self._add(scheduler, self.flush, "store:flush", self.config.store.flush_interval, now)
         self._add(scheduler, self.maintain, "store:maintain", 300.0, now)
 
@@ -266,7 +344,9 @@ class Collector:
         offset = stagger_offset(job_id, interval)
         scheduler.add_job(
             func, "interval", seconds=interval, id=job_id, name=job_id, args=args or [],
-            next_run_time=now + timedelta(seconds=offset if job_id.startswith("scrape:") else 0),
+            next_run_time=now + timedelta(
+                seconds=offset if job_id.startswith(("scrape:", "probe:")) else 0
+            ),
             coalesce=True, max_instances=1, misfire_grace_time=max(1, int(interval)),
             replace_existing=True,
         )

@@ -30,6 +30,9 @@ from pydantic import (
     model_validator,
 )
 
+from schemas.nvml import NvmlConfig
+from schemas.probes import ProbeConfig
+
 DEFAULT_DATA_DIR = Path("tritonwatch-data")
 DEFAULT_STORE_URL = f"sqlite:///{DEFAULT_DATA_DIR}/tritonwatch.db"
 
@@ -219,6 +222,10 @@ class Config(_Frozen):
     scrape: ScrapeConfig = ScrapeConfig()
     store: StoreConfig = StoreConfig()
     api: ApiConfig = ApiConfig()
+    nvml: NvmlConfig = Field(default_factory=NvmlConfig)
+    """Local GPU telemetry through NVML (a host without NVML gets one health entry, no crash)."""
+    probes: tuple[ProbeConfig, ...] = ()
+    """Synthetic LLM probes (see schemas/probes.py and the README's Probes section)."""
 
     @field_validator("version")
     @classmethod
@@ -234,6 +241,28 @@ class Config(_Frozen):
             if target.name in seen:
                 raise ValueError(f"target name {target.name!r} is used twice")
             seen.add(target.name)
+        return self
+
+    @model_validator(mode="after")
+    def _probes_resolve(self) -> Config:
+        targets = {t.name: t for t in self.targets}
+        names: set[str] = set()
+        for i, probe in enumerate(self.probes):
+            where = f"probes[{i}]"
+            if probe.name in names:
+                raise ValueError(f"{where}: probe name {probe.name!r} is used twice")
+            names.add(probe.name)
+            if probe.url is not None:
+                continue
+            target = targets.get(probe.target or "")
+            if target is None:
+                raise ValueError(f"{where}: target {probe.target!r} is not in `targets`")
+            if probe.protocol == "grpc" and target.grpc_url is None:
+                raise ValueError(f"{where}: target {target.name!r} has no grpc_url; set `url`")
+            if probe.protocol == "http" and target.http_url is None:
+                raise ValueError(f"{where}: target {target.name!r} has no http_url; set `url`")
+            if probe.protocol == "openai":
+                raise ValueError(f"{where}: protocol openai needs its own `url`")
         return self
 
     def interval_for(self, target: TargetConfig) -> float:

@@ -136,7 +136,10 @@ def validate_probe_url(protocol: str, url: str) -> str:
     from schemas.config import _grpc_address, _http_url
 
     if protocol == "grpc":
-        return _grpc_address(url.removeprefix("grpc://"))
+        address = url.removeprefix("grpc://")
+        if "://" in address:
+            raise ValueError(f"{url!r} is not host:port")
+        return _grpc_address(address)
     return _http_url(url)
 
 

@@ -142,3 +142,29 @@ meta = Table(
     Column("key", Text, primary_key=True),
     Column("value", Text, nullable=False),
 )
+
+# One row per synthetic probe request (collector/probes).  Durations in seconds; NULL where a
+# value does not apply (no ITL for a one-token answer, no TTFT for a failed request).
+probe_results = Table(
+    "probe_results",
+    metadata,
+    Column("id", SeriesId, primary_key=True, autoincrement=True),
+    Column("probe", Text, nullable=False),
+    Column("target", Text, nullable=False),
+    Column("model", Text, nullable=False),
+    Column("protocol", Text, nullable=False),
+    Column("ts", BigInteger, nullable=False),
+    Column("ok", Boolean, nullable=False),
+    Column("tokens", Integer, nullable=False),
+    Column("ttft_s", Double, nullable=True),
+    Column("itl_s", Double, nullable=True),
+    Column("tpot_s", Double, nullable=True),
+    Column("e2e_s", Double, nullable=True),
+    Column("tokens_per_s", Double, nullable=True),
+    Column("error_kind", Text, nullable=True),
+    Column("error_code", Text, nullable=True),
+    Column("error_message", Text, nullable=True),
+    Column("request_id", Text, nullable=False),
+    Index(None, "probe", "ts"),
+    Index(None, "ts"),
+)

@@ -37,6 +37,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from schemas import tables as t
+from schemas.probes import ProbeResult
 from schemas.samples import Sample, TargetHealth
 from store import maintenance, query
 from store.engine import build_engine, parse_url, redact, transaction
@@ -94,6 +95,7 @@ class Store:
         self._cache_born = time.monotonic()
         self._retry_after = 0.0
         self._closed = False
+        self._probe_rows: list[dict[str, Any]] = []  # guarded by _lock, flushed with samples
 
     def __repr__(self) -> str:
         return f"Store({self.url_redacted!r})"
@@ -182,7 +184,9 @@ class Store:
         On failure the samples stay buffered (up to the bound) and StoreError is raised.
         """
         with self._flush_lock:
-            return self._flush_locked()
+            written = self._flush_locked()
+            self._flush_probe_rows_locked()
+            return written
 
     def _auto_flush(self) -> None:
         # Skip, rather than wait, if another thread is already flushing: it is writing our
@@ -340,6 +344,68 @@ class Store:
             stmt = stmt.where(mc.c.target == target)
         with self._db("read model configs"), transaction(self._engine, write=False) as conn:
             return {(r.target, r.model): json.loads(r.config) for r in conn.execute(stmt)}
+
+    # --- probe results ------------------------------------------------------------------------
+
+    def write_probe_results(self, results: Iterable[ProbeResult]) -> int:
+        """Buffer probe results for ``probe_results``; written by the next ``flush()``.
+
+        Like samples, rows of a failed flush stay buffered (up to ``10 * batch_rows``).
+        """
+        if self._closed:
+            raise StoreError(f"{self.url_redacted}: store is closed", url=self.url_redacted)
+        rows = [_probe_row(r) for r in results]
+        with self._lock:
+            self._probe_rows.extend(rows)
+            over = len(self._probe_rows) - self._max_rows
+            if over > 0:
+                del self._probe_rows[:over]
+                log.warning("store: dropped the oldest %d probe results", over)
+        return len(rows)
+
+    def _flush_probe_rows_locked(self) -> int:
+        with self._lock:
+            rows, self._probe_rows = self._probe_rows, []
+        if not rows:
+            return 0
+        try:
+            with self._db("flush probe results"), transaction(self._engine, write=True) as conn:
+                conn.execute(t.probe_results.insert(), rows)
+        except StoreError:
+            with self._lock:
+                self._probe_rows[:0] = rows
+            raise
+        return len(rows)
+
+    def probe_results(
+        self,
+        *,
+        probe: str | None = None,
+        start: float | None = None,
+        end: float | None = None,
+        limit: int = 10_000,
+    ) -> list[ProbeResult]:
+        """Flushed probe results, oldest first, optionally of one probe within ``[start, end]``."""
+        tbl = t.probe_results
+        stmt = select(tbl)
+        if probe is not None:
+            stmt = stmt.where(tbl.c.probe == probe)
+        if start is not None:
+            stmt = stmt.where(tbl.c.ts >= round(start * 1000))
+        if end is not None:
+            stmt = stmt.where(tbl.c.ts <= round(end * 1000))
+        stmt = stmt.order_by(tbl.c.ts, tbl.c.id).limit(limit)
+        with self._db("query probe results"), transaction(self._engine, write=False) as conn:
+            return [
+                ProbeResult(
+                    probe=r.probe, target=r.target, model=r.model, protocol=r.protocol,
+                    ts=r.ts / 1000, ok=bool(r.ok), tokens=r.tokens, ttft_s=r.ttft_s,
+                    itl_s=r.itl_s, tpot_s=r.tpot_s, e2e_s=r.e2e_s, error_kind=r.error_kind,
+                    error_code=r.error_code, error_message=r.error_message,
+                    request_id=r.request_id,
+                )
+                for r in conn.execute(stmt)
+            ]
 
     # --- queries -----------------------------------------------------------------------------
     #
@@ -521,3 +587,13 @@ def _window(start: float, end: float) -> tuple[int, int]:
     if start > end:
         raise QueryError(f"start {start!r} is after end {end!r}")
     return round(start * 1000), round(end * 1000)
+
+
+def _probe_row(r: ProbeResult) -> dict[str, Any]:
+    return {
+        "probe": r.probe, "target": r.target, "model": r.model, "protocol": r.protocol,
+        "ts": round(r.ts * 1000), "ok": r.ok, "tokens": r.tokens, "ttft_s": r.ttft_s,
+        "itl_s": r.itl_s, "tpot_s": r.tpot_s, "e2e_s": r.e2e_s, "tokens_per_s": r.tokens_per_s,
+        "error_kind": r.error_kind, "error_code": r.error_code,
+        "error_message": r.error_message, "request_id": r.request_id,
+    }

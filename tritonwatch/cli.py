@@ -85,6 +85,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(listen=args.listen, duration=args.duration, data_dir=args.data_dir)
 
 
+def cmd_probe(args: argparse.Namespace) -> int:
+    from tritonwatch.probe_cmd import run
+
+    return run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tritonwatch", description="Observability and SLOs for Triton Inference Server fleets"
@@ -117,6 +123,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--duration", type=float, help="stop after this many seconds (default: Ctrl-C)")
     p.add_argument("--data-dir", default="tritonwatch-data")
     p.set_defaults(func=cmd_demo)
+
+    from tritonwatch.probe_cmd import add_arguments
+
+    p = sub.add_parser("probe", help="one-off synthetic LLM probe: TTFT, ITL, TPOT, e2e")
+    add_arguments(p)
+    p.set_defaults(func=cmd_probe)
     return parser
 
 

@@ -391,6 +391,9 @@ class TritonRig:
                 stdout=logf,
                 stderr=subprocess.STDOUT,
                 preexec_fn=_set_parent_death_signal if use_pdeathsig else None,
+                # Its own process group, so stop() can reap Python-backend stubs that outlive
+                # the server (seen after a SIGKILL, and after a restart under load).
+                start_new_session=True,
             )
         if not self._atexit_registered:
             atexit.register(self.stop)
@@ -441,6 +444,8 @@ class TritonRig:
                 )
                 proc.kill()
                 proc.wait(10)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
         # After a kill the Python stubs exit on their own but leave their shared memory behind.
         for region in self._shm_regions:
             with contextlib.suppress(FileNotFoundError):

@@ -44,23 +44,23 @@ class Recorder:
 
     def result(self, config: ProbeConfig, target: str, request_id: str) -> ProbeResult:
         """The timings of a request that finished (tokens, or one plain response)."""
-        base = dict(
-            probe=config.name, target=target, model=config.model, protocol=config.protocol,
-            ts=self.wall0, request_id=request_id, t0_ns=self.t0_ns,
-        )
         toks = self.token_ns
         if not toks:
             end = self.end_ns if self.end_ns is not None else time.monotonic_ns()
-            e2e = (end - self.t0_ns) / 1e9
-            return ProbeResult(ok=True, e2e_s=e2e, **base)  # type: ignore[arg-type]
+            return ProbeResult(
+                probe=config.name, target=target, model=config.model, protocol=config.protocol,
+                ts=self.wall0, ok=True, e2e_s=(end - self.t0_ns) / 1e9,
+                request_id=request_id, t0_ns=self.t0_ns,
+            )
         ttft = (toks[0] - self.t0_ns) / 1e9
         e2e = (toks[-1] - self.t0_ns) / 1e9
         gaps = tuple((b - a) / 1e9 for a, b in pairwise(toks))
         itl = (toks[-1] - toks[0]) / 1e9 / len(gaps) if gaps else None
         tpot = (e2e - ttft) / (len(toks) - 1) if len(toks) > 1 else None
         return ProbeResult(
-            ok=True, tokens=len(toks), ttft_s=ttft, itl_s=itl, tpot_s=tpot, e2e_s=e2e,
-            gaps_s=gaps, **base,  # type: ignore[arg-type]
+            probe=config.name, target=target, model=config.model, protocol=config.protocol,
+            ts=self.wall0, ok=True, tokens=len(toks), ttft_s=ttft, itl_s=itl, tpot_s=tpot,
+            e2e_s=e2e, gaps_s=gaps, request_id=request_id, t0_ns=self.t0_ns,
         )
 
     def failure(
@@ -78,11 +78,6 @@ class Recorder:
 
 class Session(Protocol):
     """One connection (and, for gRPC, one stream) of a probe.  Not thread-safe: one user."""
-
-    @property
-    def warm(self) -> bool:
-        """True once connected and warmed up; False again after an error closed it."""
-        ...
 
     def request(self, prompt: str, request_id: str, rec: Recorder, timeout: float) -> None:
         """Send one request and stamp its responses into ``rec``; raise ProbeFailure."""

@@ -137,3 +137,29 @@ def test_a_failing_job_is_counted_and_never_stops_the_others(fake_targets, store
     assert metrics.store_errors._value.get() >= 3
     assert len([p for p, _ in fake_targets.hits if p == "/ok"]) >= 3
     assert store.buffered > 0  # nothing was lost: the samples wait for the next flush
+
+
+def test_nvml_job_on_a_host_without_nvml_still_joins_tritons_gpu_view(fake_targets, store):
+    # This machine has no GPU: pynvml raises NVMLError_LibraryNotFound (the real library).
+    fake_targets.server.ok_body = triton_payload(models=3, gpus=2, step=0)
+    config = validate_config({
+        "targets": [{"name": "a", "metrics_url": fake_targets.url("/ok")}],
+        "nvml": {"host": "node-1"},
+    })
+    collector = Collector(config, store, clock=lambda: 1000.0)
+
+    async def go():
+        await collector.scrape("a")
+        first = await collector.read_nvml()
+        second = await collector.read_nvml()
+        await collector.close()
+        return first, second
+
+    first, second = asyncio.run(go())
+    store.flush()
+    for health in (first, second):
+        assert not health.up and health.error.startswith("NVML unavailable")
+    nvml_health = [h for h in store.health() if h.source == "nvml"]
+    assert [h.target for h in nvml_health] == ["node-1"]
+    util = store.range("sli:gpu_utilization_ratio", start=0, end=2000)
+    assert len(util) == 2 and all(0 <= s.values[0] <= 1 for s in util)

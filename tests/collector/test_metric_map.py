@@ -7,6 +7,7 @@ the opt-in summaries/histogram exposes them.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -151,6 +152,9 @@ def test_every_entry_is_well_formed() -> None:
 def test_every_mapped_triton_family_is_named_in_the_reference() -> None:
     path = next((p for p in _REFERENCE_CANDIDATES if p.is_file()), None)
     if path is None:
+        # CI lays shared/ beside the clone, so there the check must run, never skip.
+        if os.environ.get("CI"):
+            pytest.fail("../shared/reference/triton-metrics.md is missing beside the checkout")
         pytest.skip("reference/triton-metrics.md is not available in this checkout")
     documented = _documented_names(path.read_text(encoding="utf-8"))
     # The stats pseudo-families are ours (collector/triton.py), not Triton's.
