@@ -155,6 +155,7 @@ class Collector:
                 queue_time_rise_min_s=config.nvml.queue_time_rise_min,
             )
         self.probes: dict[str, ProbeRunner] = {}
+        self.latest_probes: dict[str, list[ProbeResult]] = {}  # last run of each, for display
         for probe in config.probes:
             target, url = resolve_url(probe, config)
             self.probes[probe.name] = ProbeRunner(probe, url, target)
@@ -285,6 +286,7 @@ class Collector:
                                   0, f"probe run failed: {exc!r}")
             await self._record(health)
             raise
+        self.latest_probes[name] = results
         for result in results:
             self.metrics.probes.observe(result)
         failed = [r for r in results if not r.ok]

@@ -37,6 +37,11 @@ SCENARIO = (
 )
 
 
+def _mean_ms(values: list[float | None]) -> str:
+    kept = [v for v in values if v is not None]
+    return f"{1000 * sum(kept) / len(kept):.1f}" if kept else "-"
+
+
 def _view(collector: Collector, health_rows: list[TargetHealth], started: float,
           act: str) -> Group:
     state = next(iter(collector.targets.values()))
@@ -50,13 +55,25 @@ def _view(collector: Collector, health_rows: list[TargetHealth], started: float,
         mark = "[green]up[/]" if h.up else f"[red]down[/] {h.error}"
         health.add_row(f"{h.target} {h.source}", mark, f"{h.duration_s * 1000:.0f} ms",
                        f"{h.samples} samples")
+    probes = Table(title="synthetic probes (last run)", title_justify="left")
+    for column in ("probe", "requests", "errors", "TTFT ms", "ITL ms", "e2e ms", "tokens/s"):
+        probes.add_column(column, justify="left" if column == "probe" else "right")
+    for name, results in sorted(collector.latest_probes.items()):
+        ok = [r for r in results if r.ok]
+        rates = [r.tokens_per_s for r in ok if r.tokens_per_s is not None]
+        probes.add_row(
+            name, str(len(results)), str(len(results) - len(ok)),
+            _mean_ms([r.ttft_s for r in ok]), _mean_ms([r.itl_s for r in ok]),
+            _mean_ms([r.e2e_s for r in ok]),
+            f"{sum(rates) / len(rates):.0f}" if rates else "-",
+        )
     elapsed = time.monotonic() - started
     header = Text.from_markup(
         f"[bold]tritonwatch demo[/] — {elapsed:.0f} s — {act} — "
         f"API on http://{collector.config.api.listen}  (Ctrl-C to stop)"
     )
     table = model_table(dict(sorted(models.items())), "per model, last scrape interval")
-    return Group(header, health, table)
+    return Group(header, health, table, probes)
 
 
 async def _drive(rig: TritonRig, load: LoadGenerator, collector: Collector,
@@ -90,7 +107,17 @@ def run_demo(*, listen: str, duration: float | None, data_dir: str) -> int:
     console.print(f"tritonserver ready in {rig.last_start_seconds or 0:.0f} s: "
                   f"HTTP {rig.http_url}, gRPC {rig.grpc_url}, metrics {rig.metrics_url}")
     config = validate_config({
-        "targets": [{"name": "rig", "metrics_url": rig.metrics_url, "http_url": rig.http_url}],
+        "targets": [{"name": "rig", "metrics_url": rig.metrics_url, "http_url": rig.http_url,
+                     "grpc_url": rig.grpc_url}],
+        # Synthetic users of the fake LLM, over both of Triton's streaming protocols.
+        "probes": [
+            {"name": "llm-grpc", "target": "rig", "model": "fake_llm", "protocol": "grpc",
+             "interval": "5s", "timeout": "4s", "requests": 4, "concurrency": 2,
+             "ttft_slo": "100ms", "itl_slo": "20ms"},
+            {"name": "llm-http", "target": "rig", "model": "fake_llm", "protocol": "http",
+             "interval": "5s", "timeout": "4s", "requests": 4, "concurrency": 2,
+             "ttft_slo": "100ms", "itl_slo": "20ms"},
+        ],
         "scrape": {"interval": "5s", "timeout": "4s", "api_interval": "10s"},
         "store": {"url": f"sqlite:///{data}/tritonwatch.db", "flush_interval": "5s"},
         "api": {"listen": listen},
