@@ -95,6 +95,9 @@ class ProbeConfig(BaseModel):
     """Requests per new connection that are sent but not measured."""
     labels: dict[str, str] = Field(default_factory=dict)
     headers: dict[str, str] = Field(default_factory=dict)
+    tokenizer: str | None = None
+    """Path to a local ``tokenizer.json`` (Hugging Face format) to count output tokens with;
+    unset, or unavailable at run time: streamed chunks count as tokens."""
     ttft_slo: float | None = Field(default=None, gt=0)
     """TTFT threshold (s): each request counts as a good or bad SLO event."""
     itl_slo: float | None = Field(default=None, gt=0)

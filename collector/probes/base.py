@@ -10,6 +10,7 @@ their class (``schemas.probes.ErrorKind``), code and message.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from itertools import pairwise
 from typing import Protocol
 
@@ -29,21 +30,42 @@ class ProbeFailure(Exception):
 class Recorder:
     """Arrival times of one request's responses, all on the monotonic nanosecond clock."""
 
-    __slots__ = ("end_ns", "t0_ns", "token_ns", "wall0")
+    __slots__ = ("end_ns", "t0_ns", "texts", "token_ns", "wall0")
 
     def __init__(self) -> None:
         self.wall0 = time.time()
         self.t0_ns = time.monotonic_ns()
         self.token_ns: list[int] = []
+        # The raw text of each streamed chunk, kept only for a configured tokenizer; decoded
+        # after the request, so the arrival callbacks stay as short as possible.
+        self.texts: list[object] = []
         self.end_ns: int | None = None  # arrival of a non-token final answer (infer mode)
+
+    def token(self, t_ns: int, text: object) -> None:
+        """A streamed chunk with text arrived at ``t_ns`` (stamped by the caller on arrival)."""
+        self.token_ns.append(t_ns)
+        self.texts.append(text)
+
+    def output_text(self) -> str:
+        return "".join(
+            t.decode("utf-8", "replace") if isinstance(t, bytes) else str(t) for t in self.texts
+        )
 
     def start(self) -> None:
         """Stamp the send time; call right before the request leaves."""
         self.wall0 = time.time()
         self.t0_ns = time.monotonic_ns()
 
-    def result(self, config: ProbeConfig, target: str, request_id: str) -> ProbeResult:
-        """The timings of a request that finished (tokens, or one plain response)."""
+    def result(
+        self, config: ProbeConfig, target: str, request_id: str,
+        count_tokens: Callable[[str], int] | None = None,
+    ) -> ProbeResult:
+        """The timings of a request that finished (tokens, or one plain response).
+
+        Output tokens are the streamed chunks, or what ``count_tokens`` (a configured
+        tokenizer) makes of the whole output text.  ITL stays the mean gap between chunks
+        (what was observed); TPOT divides by the token count, as GenAI-Perf does.
+        """
         toks = self.token_ns
         if not toks:
             end = self.end_ns if self.end_ns is not None else time.monotonic_ns()
@@ -56,10 +78,13 @@ class Recorder:
         e2e = (toks[-1] - self.t0_ns) / 1e9
         gaps = tuple((b - a) / 1e9 for a, b in pairwise(toks))
         itl = (toks[-1] - toks[0]) / 1e9 / len(gaps) if gaps else None
-        tpot = (e2e - ttft) / (len(toks) - 1) if len(toks) > 1 else None
+        tokens = len(toks)
+        if count_tokens is not None and self.texts:
+            tokens = max(1, count_tokens(self.output_text()))
+        tpot = (e2e - ttft) / (tokens - 1) if tokens > 1 else None
         return ProbeResult(
             probe=config.name, target=target, model=config.model, protocol=config.protocol,
-            ts=self.wall0, ok=True, tokens=len(toks), ttft_s=ttft, itl_s=itl, tpot_s=tpot,
+            ts=self.wall0, ok=True, tokens=tokens, ttft_s=ttft, itl_s=itl, tpot_s=tpot,
             e2e_s=e2e, gaps_s=gaps, request_id=request_id, t0_ns=self.t0_ns,
         )
 

@@ -97,7 +97,7 @@ class GrpcSession:
             return  # a late answer to an abandoned request
         out = result.as_numpy(self.config.output_name)
         if out is not None and out.size and any(_non_empty(v) for v in out.reshape(-1)):
-            pending.rec.token_ns.append(t_ns)
+            pending.rec.token(t_ns, out.reshape(-1)[0])
         final = response.parameters.get("triton_final_response")
         if final is not None and final.bool_param:
             pending.rec.end_ns = t_ns

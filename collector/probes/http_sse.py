@@ -125,7 +125,7 @@ class HttpSession:
         if isinstance(out, list):
             out = "".join(str(x) for x in out)
         if out:
-            rec.token_ns.append(t_ns)
+            rec.token(t_ns, out)
         return False
 
     def close(self) -> None:
@@ -238,7 +238,7 @@ class OpenAISession:
         for choice in event.get("choices") or ():
             text = (choice.get("delta") or {}).get("content") or choice.get("text")
             if text:
-                rec.token_ns.append(t_ns)
+                rec.token(t_ns, text)
                 break
         return False
 

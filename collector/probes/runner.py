@@ -16,6 +16,7 @@ from collections.abc import Callable
 from collector.probes.base import ProbeFailure, Recorder, Session
 from collector.probes.grpc_stream import GrpcSession
 from collector.probes.http_sse import HttpSession, OpenAISession
+from collector.probes.tokenizer import load_token_counter
 from schemas.config import Config
 from schemas.probes import ProbeConfig, ProbeResult
 
@@ -59,6 +60,7 @@ class ProbeRunner:
         self._prompts = itertools.cycle(config.prompts)
         self._lock = threading.Lock()
         self._run_lock = threading.Lock()
+        self._count_tokens = load_token_counter(config.tokenizer, config.name)
 
     def _next(self) -> tuple[str, str]:
         with self._lock:
@@ -75,7 +77,7 @@ class ProbeRunner:
             log.debug("probe %s: unexpected error", self.config.name, exc_info=True)
             failure = ProbeFailure("protocol", f"{type(exc).__name__}: {exc}")
             return rec.failure(self.config, self.target, request_id, failure)
-        return rec.result(self.config, self.target, request_id)
+        return rec.result(self.config, self.target, request_id, self._count_tokens)
 
     def _session(self, slot: int) -> Session:
         session = self._sessions[slot]
