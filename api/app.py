@@ -13,7 +13,10 @@ from fastapi import Depends, FastAPI, HTTPException, Query, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BaseModel
 
+from api.receiver import receiver_router
+from schemas.alerting import AlertingConfig
 from store import QueryError, Store
+from store.alerts import AlertStore
 
 
 class TargetHealthOut(BaseModel):
@@ -44,10 +47,18 @@ def get_store(request: Request) -> Store:
 StoreDep = Annotated[Store, Depends(get_store)]
 
 
-def create_app(store: Store, *, registry: CollectorRegistry | None = None) -> FastAPI:
+def create_app(
+    store: Store,
+    *,
+    registry: CollectorRegistry | None = None,
+    alerting: AlertingConfig | None = None,
+) -> FastAPI:
     app = FastAPI(title="Tritonwatch", version="0.1.0")
     app.state.store = store
     app.state.registry = registry or CollectorRegistry()
+    if alerting is not None and alerting.receiver is not None:
+        # POST /api/v1/alertmanager/webhook (api/receiver.py); absent unless configured.
+        app.include_router(receiver_router(alerting.receiver, AlertStore(store)))
 
     @app.get("/healthz")
     def healthz() -> dict[str, str]:

@@ -185,7 +185,7 @@ class Collector:
             log.warning("%s of target %s is back up", health.source, health.target)
         self._last_health[key] = health
         self.metrics.record(health)
-        await asyncio.to_thread(self.store.write_health, health)
+        self.store.write_health(health)  # buffered: never waits for the database
 
     async def scrape(self, name: str) -> TargetHealth:
         """Scrape one target, derive its SLIs, buffer everything for the store."""

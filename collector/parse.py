@@ -96,13 +96,24 @@ _ALLOWED_SUFFIXES = {
 }
 
 # Label-set cache shared by all calls: a target's series repeat scrape after scrape, so the
-# steady state parses no label string at all (about 4x faster than a cold parse).  Keyed by the
-# raw `name{...}` text; the value is a pure function of the key, so sharing it between threads
-# is harmless.  An entry costs about 800 bytes, so the bound (~40 MB) keeps roughly fifteen
-# 3,000-series targets warm; past it the cache is cleared rather than grown, and parsing simply
-# runs at the cold rate.
+# steady state parses no label string at all (about 4x faster than a cold parse), and hands the
+# store the very same label tuples each time (its series-id lookup then compares identities).
+# Keyed by the raw `name{...}` text, which holds no target name, so a fleet of servers with the
+# same models shares entries; the value is a pure function of the key, so sharing it between
+# threads is harmless.  An entry costs about 800 bytes, so the bound (~160 MB) keeps roughly
+# 200,000 distinct series warm: a fleet of hundreds of targets.  Past it, new heads are parsed
+# cold and not cached; nothing is evicted, because a fleet whose series outnumber the bound
+# scrapes them in a cycle, and clearing (or LRU) would then turn every lookup into a miss,
+# while keeping the first 200,000 keeps that share warm.  Series that went away stay cached
+# until ``clear_head_cache()``.
 _HEAD_CACHE: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {}
-_HEAD_CACHE_MAX = 50_000
+_HEAD_CACHE_MAX = 200_000
+
+
+def clear_head_cache() -> None:
+    """Forget every cached label set (series that went away stop taking memory)."""
+    _HEAD_CACHE.clear()
+
 
 # Building NamedTuples through tuple.__new__ skips the generated Python-level __new__, which
 # is a measurable share of the per-sample cost.
@@ -275,9 +286,8 @@ def parse_fast(text: str, *, exposed_names: bool = False) -> list[MetricFamily] 
                 raise ParseError(
                     f"more than {MAX_LABELS} labels on one sample", lines.index(line) + 1, line
                 )
-            if len(cache) >= _HEAD_CACHE_MAX:
-                cache.clear()
-            cache[head] = hit
+            if len(cache) < _HEAD_CACHE_MAX:
+                cache[head] = hit
         try:
             value = float(vs)
         except ValueError:

@@ -26,6 +26,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
@@ -91,8 +92,18 @@ def _positive(value: float) -> float:
     return value
 
 
-Duration = Annotated[float, BeforeValidator(parse_duration)]
-PositiveDuration = Annotated[float, BeforeValidator(parse_duration), AfterValidator(_positive)]
+# In the exported JSON Schema a duration is what a user may write: seconds or "1h30m".
+_DURATION_SCHEMA = WithJsonSchema({
+    "anyOf": [
+        {"type": "number", "minimum": 0},
+        {"type": "string", "pattern": r"^\s*((\d+(\.\d+)?)(ms|s|m|h|d|w))+\s*$"},
+    ],
+    "description": "seconds, or a Prometheus-style duration: 500ms, 15s, 5m, 1h30m, 28d",
+})
+Duration = Annotated[float, BeforeValidator(parse_duration), _DURATION_SCHEMA]
+PositiveDuration = Annotated[
+    float, BeforeValidator(parse_duration), AfterValidator(_positive), _DURATION_SCHEMA
+]
 ByteSize = Annotated[int, BeforeValidator(parse_size), AfterValidator(_positive)]
 
 
@@ -226,6 +237,8 @@ class Config(_Frozen):
     """Local GPU telemetry through NVML (a host without NVML gets one health entry, no crash)."""
     probes: tuple[ProbeConfig, ...] = ()
     """Synthetic LLM probes (see schemas/probes.py and the README's Probes section)."""
+    alerting: _alerting.AlertingConfig = Field(default_factory=lambda: _alerting.AlertingConfig())
+    """Alert evaluation and delivery (see schemas/alerting.py)."""
 
     @field_validator("version")
     @classmethod
@@ -305,19 +318,29 @@ def validate_config(data: Any, source: str = "<config>") -> Config:
     try:
         return Config.model_validate(data)
     except ValidationError as exc:
-        lines = []
-        for err in exc.errors(include_url=False):
-            # The "after" validators of a model report at the model's own path; pydantic
-            # prefixes their message with "Value error, ", which adds nothing for a reader.
-            message = str(err["msg"]).removeprefix("Value error, ")
-            lines.append(f"{_key_path(tuple(err['loc']))}: {message}")
-        raise ConfigError(source, lines) from None
+        raise ConfigError(source, error_lines(exc)) from None
+
+
+def error_lines(exc: ValidationError) -> list[str]:
+    """One ``key.path: message`` line per error of ``exc`` (shared with the rules file)."""
+    lines = []
+    for err in exc.errors(include_url=False):
+        # The "after" validators of a model report at the model's own path; pydantic
+        # prefixes their message with "Value error, ", which adds nothing for a reader.
+        message = str(err["msg"]).removeprefix("Value error, ")
+        lines.append(f"{_key_path(tuple(err['loc']))}: {message}")
+    return lines
 
 
 def load_config(path: str | Path | None) -> Config:
     """Read and validate a YAML file; ``None`` gives the embedded defaults."""
     if path is None:
         return validate_config({}, "<defaults>")
+    return validate_config(read_yaml(path), str(path))
+
+
+def read_yaml(path: str | Path) -> Any:
+    """The parsed YAML of ``path``; unreadable files and bad YAML raise ``ConfigError``."""
     source = str(path)
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -329,4 +352,12 @@ def load_config(path: str | Path | None) -> Config:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         raise ConfigError(source, [f"{where}invalid YAML: {exc}"]) from None
-    return validate_config(data, source)
+    return data
+
+
+# schemas.alerting builds on this module's types, so it is imported last, as a module: that
+# works in either import order (``Config`` resolves ``_alerting.AlertingConfig`` on first use).
+from schemas import alerting as _alerting  # noqa: E402
+
+if hasattr(_alerting, "AlertingConfig"):
+    Config.model_rebuild()

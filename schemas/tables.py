@@ -168,3 +168,49 @@ probe_results = Table(
     Index(None, "probe", "ts"),
     Index(None, "ts"),
 )
+
+# --- alerts (alerts/engine.py through store/alerts.py) --------------------------------------
+
+# The engine's state of every alert instance that is pending, firing, or resolved within the
+# resend retention (15 min): what a restart needs so that it neither re-pages (fired_at is the
+# startsAt Alertmanager deduplicates on) nor loses a resolve.  Labels and annotations are
+# canonical JSON; ``value`` is NULL for NaN (SQLite cannot store NaN).
+alert_states = Table(
+    "alert_states",
+    metadata,
+    Column("fingerprint", Text, primary_key=True),
+    Column("rule", Text, nullable=False),
+    Column("labels", Text, nullable=False),
+    Column("annotations", Text, nullable=False),
+    Column("status", Text, nullable=False),
+    Column("active_since", BigInteger, nullable=False),
+    Column("fired_at", BigInteger, nullable=True),
+    Column("resolved_at", BigInteger, nullable=True),
+    Column("last_true_at", BigInteger, nullable=False),
+    # First evaluation at which a firing alert's condition was false (Prometheus's
+    # KeepFiringSince); keep_firing_for counts from here.  NULL while the condition holds.
+    Column("keep_firing_since", BigInteger, nullable=True),
+    Column("last_sent_at", BigInteger, nullable=True),
+    Column("value", Double, nullable=True),
+    Column("updated_at", BigInteger, nullable=False),
+)
+
+# Alert history: firing/resolved transitions of our engine (source "engine") and alerts received
+# from Alertmanager webhooks (source "alertmanager:<receiver>").  Append-only; read by time range.
+alert_events = Table(
+    "alert_events",
+    metadata,
+    Column("id", SeriesId, primary_key=True, autoincrement=True),
+    Column("ts", BigInteger, nullable=False),
+    Column("fingerprint", Text, nullable=False),
+    Column("labels", Text, nullable=False),
+    Column("annotations", Text, nullable=False),
+    Column("status", Text, nullable=False),
+    Column("starts_at", BigInteger, nullable=False),
+    Column("ends_at", BigInteger, nullable=True),
+    Column("source", Text, nullable=False),
+    Column("group_key", Text, nullable=True),
+    Index(None, "ts"),
+    Index(None, "fingerprint", "ts"),
+    Index(None, "starts_at"),
+)

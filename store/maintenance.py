@@ -7,6 +7,7 @@ behind them, and so that an interrupted run resumes where it stopped.
 from __future__ import annotations
 
 import logging
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from sqlalchemy import Connection, Engine, Table, delete, exists, func, select, tuple_
@@ -88,12 +89,16 @@ def _rollup_stmt(conn: Connection, src: Table, dst: Table, *, lo: int, hi: int, 
     )
 
 
+Gate = AbstractContextManager[Any]
+
+
 def _roll(
-    engine: Engine, *, src: Table, dst: Table, res: int, key: str, hi: int, chunk: int
+    engine: Engine, *, src: Table, dst: Table, res: int, key: str, hi: int, chunk: int,
+    gate: Gate,
 ) -> int:
     written = 0
     while True:
-        with transaction(engine, write=True) as conn:
+        with gate, transaction(engine, write=True) as conn:
             advisory_lock(conn, _PG_LOCK_ROLLUP)
             stored = get_meta(conn, key)
             if stored is None:
@@ -114,8 +119,14 @@ def _roll(
             set_meta(conn, key, str(step_hi))
 
 
-def rollup(engine: Engine, *, now_ms: int) -> int:
-    """Summarise completed 5 m buckets from raw samples, then completed hours from 5 m rows."""
+def rollup(engine: Engine, *, now_ms: int, gate: Gate | None = None) -> int:
+    """Summarise completed 5 m buckets from raw samples, then completed hours from 5 m rows.
+
+    Each transaction runs inside ``gate`` (the store's flush lock): between two of them a
+    waiting flush gets its turn, instead of polling SQLite's busy handler while this loop
+    takes the write lock again and again.
+    """
+    gate = gate or nullcontext()
     hi_5m = (now_ms - ROLLUP_GRACE_MS) // ROLLUP_5M_MS * ROLLUP_5M_MS
     written = _roll(
         engine,
@@ -125,6 +136,7 @@ def rollup(engine: Engine, *, now_ms: int) -> int:
         key=WATERMARK_5M,
         hi=hi_5m,
         chunk=_CHUNK_5M_MS,
+        gate=gate,
     )
     with transaction(engine, write=False) as conn:
         wm_5m = get_meta(conn, WATERMARK_5M)
@@ -140,11 +152,14 @@ def rollup(engine: Engine, *, now_ms: int) -> int:
         key=WATERMARK_1H,
         hi=hi_1h,
         chunk=_CHUNK_1H_MS,
+        gate=gate,
     )
     return written
 
 
-def _delete_before(engine: Engine, table: Table, cutoff_ms: int, *, batch_rows: int) -> int:
+def _delete_before(
+    engine: Engine, table: Table, cutoff_ms: int, *, batch_rows: int, gate: Gate
+) -> int:
     """Delete rows with ``ts < cutoff_ms``, at most ``batch_rows`` per transaction.
 
     Walks the series ids so that every statement is a range scan of the primary key
@@ -162,7 +177,7 @@ def _delete_before(engine: Engine, table: Table, cutoff_ms: int, *, batch_rows: 
                 .where(c.series_id.in_(chunk), c.ts < cutoff_ms)
                 .limit(batch_rows)
             )
-            with transaction(engine, write=True) as conn:
+            with gate, transaction(engine, write=True) as conn:
                 result = conn.execute(delete(table).where(tuple_(c.series_id, c.ts).in_(victims)))
             count = max(result.rowcount, 0)
             deleted += count
@@ -196,6 +211,7 @@ def apply_retention(
     rollup_5m_ms: int,
     rollup_1h_ms: int,
     batch_rows: int,
+    gate: Gate | None = None,
 ) -> int:
     """Delete samples, rollup rows and health transitions past their retention.
 
@@ -212,9 +228,12 @@ def apply_retention(
     cutoff_5m = min(now_ms - rollup_5m_ms, marks.get(ROLLUP_1H_MS, 0))
     if raw_cutoff < now_ms - raw_ms:
         log.info("retention: raw samples kept until rolled up (5 m watermark %s)", raw_cutoff)
-    deleted = _delete_before(engine, t.samples, raw_cutoff, batch_rows=batch_rows)
-    deleted += _delete_before(engine, t.rollups_5m, cutoff_5m, batch_rows=batch_rows)
-    deleted += _delete_before(engine, t.rollups_1h, now_ms - rollup_1h_ms, batch_rows=batch_rows)
+    gate = gate or nullcontext()
+    deleted = _delete_before(engine, t.samples, raw_cutoff, batch_rows=batch_rows, gate=gate)
+    deleted += _delete_before(engine, t.rollups_5m, cutoff_5m, batch_rows=batch_rows, gate=gate)
+    deleted += _delete_before(
+        engine, t.rollups_1h, now_ms - rollup_1h_ms, batch_rows=batch_rows, gate=gate
+    )
     with transaction(engine, write=True) as conn:
         # Transitions are tiny; keep them as long as the longest-lived data.
         log_ts = t.target_health_log.c.ts

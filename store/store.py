@@ -27,13 +27,13 @@ import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from itertools import pairwise
 from operator import itemgetter
 from types import TracebackType
 from typing import Any
 
+import numpy as np
 import psycopg
-from sqlalchemy import select
+from sqlalchemy import Engine, select
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from schemas import tables as t
@@ -43,7 +43,7 @@ from store import maintenance, query
 from store.engine import build_engine, parse_url, redact, transaction
 from store.errors import QueryError, StoreError
 from store.values import SeriesData, SeriesKey
-from store.write import Row, SeriesKeyTuple, dialect_insert, insert_samples, resolve_series
+from store.write import Layout, SeriesKeyTuple, dialect_insert, insert_columns, resolve_series
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +61,12 @@ _DB_ERRORS = (SQLAlchemyError, psycopg.Error, sqlite3.Error)
 # Arbitrary constant key for pg_advisory_xact_lock around schema creation.
 _PG_LOCK_SCHEMA = 0x7477_0000
 
-# One buffered scrape: (target, ts_ms, samples).
-_Chunk = tuple[str, int, list[Sample]]
+# One buffered scrape: (target, ts_ms, samples, their values, how many of them are NaN).
+_Chunk = tuple[str, int, list[Sample], np.ndarray[Any, np.dtype[np.float64]], int]
+
+_NAME = itemgetter(0)
+_LABELS = itemgetter(1)
+_VALUE = itemgetter(2)
 
 
 def open_store(url: str, *, batch_rows: int = 50_000, timeout_s: float = 10.0) -> Store:
@@ -92,10 +96,13 @@ class Store:
         self._buffer: deque[_Chunk] = deque()
         self._rows = 0
         self._cache: dict[SeriesKeyTuple, int] = {}
+        self._layouts: dict[str, Layout] = {}  # per target, the last scrape's series and ids
         self._cache_born = time.monotonic()
         self._retry_after = 0.0
         self._closed = False
         self._probe_rows: list[dict[str, Any]] = []  # guarded by _lock, flushed with samples
+        self._health_rows: list[TargetHealth] = []  # guarded by _lock, flushed with samples
+        self._health_up: dict[tuple[str, str], bool] | None = None  # stored up, per source
 
     def __repr__(self) -> str:
         return f"Store({self.url_redacted!r})"
@@ -115,6 +122,11 @@ class Store:
     def dialect(self) -> str:
         """``"sqlite"`` or ``"postgresql"``."""
         return self._engine.dialect.name
+
+    @property
+    def sql_engine(self) -> Engine:
+        """The SQLAlchemy engine, for the other modules of ``store/`` (e.g. ``store.alerts``)."""
+        return self._engine
 
     @property
     def buffered(self) -> int:
@@ -164,19 +176,24 @@ class Store:
         if self._closed:
             raise StoreError(f"{self.url_redacted}: store is closed", url=self.url_redacted)
         items = list(samples)
-        kept = [s for s in items if s.value == s.value]  # NaN is the only value unequal to itself
-        if len(kept) != len(items):
-            log.debug("store: skipped %d NaN samples of %s", len(items) - len(kept), target)
-        if not kept:
+        n = len(items)
+        if not n:
             return 0
+        # Column-wise from here on: one float array per scrape, no per-sample objects.
+        values = np.fromiter(map(_VALUE, items), np.float64, n)
+        nan = int(np.count_nonzero(np.isnan(values)))
+        if nan:
+            log.debug("store: skipped %d NaN samples of %s", nan, target)
+            if nan == n:
+                return 0
         with self._lock:
-            self._buffer.append((target, round(ts * 1000), kept))
-            self._rows += len(kept)
+            self._buffer.append((target, round(ts * 1000), items, values, nan))
+            self._rows += n - nan
             self._trim_locked()
             due = self._rows >= self._batch_rows
         if due and time.monotonic() >= self._retry_after:
             self._auto_flush()
-        return len(kept)
+        return n - nan
 
     def flush(self) -> int:
         """Write everything buffered; returns the number of samples written.
@@ -185,6 +202,7 @@ class Store:
         """
         with self._flush_lock:
             written = self._flush_locked()
+            self._flush_health_locked()
             self._flush_probe_rows_locked()
             return written
 
@@ -224,9 +242,9 @@ class Store:
     def _trim_locked(self) -> None:
         dropped = 0
         while self._rows > self._max_rows and len(self._buffer) > 1:
-            _, _, samples = self._buffer.popleft()
-            self._rows -= len(samples)
-            dropped += len(samples)
+            _, _, samples, _, nan = self._buffer.popleft()
+            self._rows -= len(samples) - nan
+            dropped += len(samples) - nan
         if dropped:
             log.warning(
                 "store: buffer over %d samples while %s is unavailable; dropped the oldest %d",
@@ -238,62 +256,124 @@ class Store:
     def _write_chunks(self, chunks: Iterable[_Chunk]) -> int:
         if time.monotonic() - self._cache_born > SERIES_CACHE_TTL_S:
             self._cache.clear()
+            self._layouts.clear()
             self._cache_born = time.monotonic()
-        cache = self._cache
-        missing = {
-            key
-            for target, _, samples in chunks
-            for s in samples
-            if (key := (target, s.name, s.labels)) not in cache
-        }
+        cache, layouts = self._cache, self._layouts
+        # 1. Series ids.  A scrape listing the same series as its target's previous one (the
+        # steady state) reuses that layout's ids; only a changed scrape hashes its keys.
+        current: dict[str, Layout] = {}
+        stale: dict[int, Layout] = {}  # layouts to resolve again once new series exist
+        missing: set[SeriesKeyTuple] = set()
+        work: list[tuple[Layout, int, np.ndarray[Any, np.dtype[np.float64]], int]] = []
+        for target, ts_ms, samples, values, nan in chunks:
+            names = list(map(_NAME, samples))
+            labels = list(map(_LABELS, samples))
+            prev = current.get(target) or layouts.get(target)
+            lay = prev if prev is not None and prev.same(names, labels) else Layout(
+                target, names, labels, cache, prev
+            )
+            if lay.unresolved:
+                # Series are created for values only: one that has only ever been NaN has none.
+                need = lay.ids < 0
+                if nan:
+                    need &= ~np.isnan(values)
+                if need.any():
+                    missing.update(lay.keys_at(np.flatnonzero(need).tolist()))
+                    stale[id(lay)] = lay
+            current[target] = lay
+            work.append((lay, ts_ms, values, nan))
+        if not work:
+            return 0
         if missing:
             with transaction(self._engine, write=True) as conn:
                 ids = resolve_series(conn, missing, now_ms=round(time.time() * 1000))
             cache.update(ids)  # only once committed
-        rows: list[Row] = [
-            (cache[(target, s.name, s.labels)], ts_ms, s.value)
-            for target, ts_ms, samples in chunks
-            for s in samples
-        ]
-        # Key order makes the inserts sequential in the (series_id, ts) B-tree; the sort is
-        # stable, so of two samples with the same key the one written last is kept.
-        rows.sort(key=itemgetter(0, 1))
-        unique = [row for row, nxt in pairwise(rows) if row[:2] != nxt[:2]]
-        unique.append(rows[-1])
+            for lay in stale.values():
+                lay.fill(cache)
+        layouts.update(current)
+        # 2. Three columns for the whole batch.
+        sids = np.concatenate([lay.ids for lay, _, _, _ in work])
+        tss = np.repeat(
+            np.fromiter((w[1] for w in work), np.int64, len(work)),
+            [len(lay.ids) for lay, _, _, _ in work],
+        )
+        vals = np.concatenate([w[2] for w in work])
+        if any(w[3] for w in work):
+            keep = ~np.isnan(vals)
+            sids, tss, vals = sids[keep], tss[keep], vals[keep]
+        # Key order makes the inserts sequential in the (series_id, ts) B-tree.  lexsort is
+        # stable, so of two samples with the same key (a series listed twice, or two label
+        # orders of one series) the one written last is kept.
+        order = np.lexsort((tss, sids))
+        sids, tss, vals = sids[order], tss[order], vals[order]
+        last = np.ones(len(sids), bool)
+        last[:-1] = (sids[1:] != sids[:-1]) | (tss[1:] != tss[:-1])
+        if not last.all():
+            sids, tss, vals = sids[last], tss[last], vals[last]
         with transaction(self._engine, write=True) as conn:
-            insert_samples(conn, unique)
-        return len(unique)
+            insert_columns(conn, sids, tss, vals)
+        return len(sids)
 
     def write_health(self, h: TargetHealth) -> None:
-        """Record the latest scrape outcome of ``(h.target, h.source)``, logging up/down flips."""
+        """Record the latest scrape outcome of ``(h.target, h.source)``, logging up/down flips.
+
+        Buffered like samples (a scrape never waits for the database): written by the next
+        ``flush()``, and by ``health()`` / ``health_log()`` before they read.
+        """
+        if self._closed:
+            raise StoreError(f"{self.url_redacted}: store is closed", url=self.url_redacted)
+        with self._lock:
+            self._health_rows.append(h)
+            over = len(self._health_rows) - self._max_rows
+            if over > 0:
+                del self._health_rows[:over]
+
+    def _flush_health_locked(self) -> int:
+        with self._lock:
+            pending, self._health_rows = self._health_rows, []
+        if not pending:
+            return 0
         th, thl = t.target_health, t.target_health_log
-        values = {
-            "target": h.target,
-            "source": h.source,
-            "ts": round(h.ts * 1000),
-            "up": h.up,
-            "duration_s": h.duration_s,
-            "samples": h.samples,
-            "error": h.error,
-        }
-        with self._db("write health"), transaction(self._engine, write=True) as conn:
-            prev = conn.execute(
-                select(th.c.up).where(th.c.target == h.target, th.c.source == h.source)
-            ).scalar_one_or_none()
-            stmt = dialect_insert(conn, th).values(**values)
-            conn.execute(
-                stmt.on_conflict_do_update(
-                    index_elements=[th.c.target, th.c.source],
-                    set_={k: stmt.excluded[k] for k in values if k not in ("target", "source")},
+        try:
+            with self._db("write health"), transaction(self._engine, write=True) as conn:
+                known = self._health_up
+                if known is None:
+                    known = {
+                        (r.target, r.source): bool(r.up)
+                        for r in conn.execute(select(th.c.target, th.c.source, th.c.up))
+                    }
+                known = dict(known)
+                latest: dict[tuple[str, str], dict[str, Any]] = {}
+                flips: list[dict[str, Any]] = []
+                for h in pending:
+                    values = _health_row(h)
+                    key = (h.target, h.source)
+                    prev = known.get(key)
+                    if prev is None or prev != h.up:
+                        flips.append(values)
+                    known[key] = h.up
+                    latest[key] = values
+                stmt = dialect_insert(conn, th)
+                conn.execute(
+                    stmt.on_conflict_do_update(
+                        index_elements=[th.c.target, th.c.source],
+                        set_={k: stmt.excluded[k] for k in _HEALTH_UPDATED},
+                    ),
+                    list(latest.values()),
                 )
-            )
-            if prev is None or bool(prev) != h.up:
-                conn.execute(dialect_insert(conn, thl).values(**values).on_conflict_do_nothing())
+                if flips:
+                    conn.execute(dialect_insert(conn, thl).on_conflict_do_nothing(), flips)
+        except StoreError:
+            with self._lock:
+                self._health_rows[:0] = pending
+            raise
+        self._health_up = known
+        return len(pending)
 
     def health(self) -> list[TargetHealth]:
         """The latest outcome of every (target, source), sorted."""
         th = t.target_health
-        return self._health_rows(select(th).order_by(th.c.target, th.c.source))
+        return self._read_health(select(th).order_by(th.c.target, th.c.source))
 
     def health_log(
         self, target: str | None = None, *, since: float | None = None
@@ -305,9 +385,11 @@ class Store:
             stmt = stmt.where(thl.c.target == target)
         if since is not None:
             stmt = stmt.where(thl.c.ts >= round(since * 1000))
-        return self._health_rows(stmt)
+        return self._read_health(stmt)
 
-    def _health_rows(self, stmt: Any) -> list[TargetHealth]:
+    def _read_health(self, stmt: Any) -> list[TargetHealth]:
+        with self._flush_lock:
+            self._flush_health_locked()
         with self._db("read health"), transaction(self._engine, write=False) as conn:
             return [
                 TargetHealth(
@@ -527,7 +609,9 @@ class Store:
     def rollup(self, now: float) -> int:
         """Build 5 m and 1 h rollups of buckets completed since the last run; returns rows."""
         with self._db("rollup"):
-            return maintenance.rollup(self._engine, now_ms=round(now * 1000))
+            return maintenance.rollup(
+                self._engine, now_ms=round(now * 1000), gate=self._flush_lock
+            )
 
     def apply_retention(
         self, now: float, *, raw_s: float, rollup_5m_s: float, rollup_1h_s: float
@@ -554,6 +638,7 @@ class Store:
                 rollup_5m_ms=round(rollup_5m_s * 1000),
                 rollup_1h_ms=round(rollup_1h_s * 1000),
                 batch_rows=self._batch_rows,
+                gate=self._flush_lock,
             )
             # Under the flush lock: a flush of this process may have just resolved a series
             # that now looks empty; it must insert its samples before the series can go.
@@ -563,6 +648,7 @@ class Store:
                 )
                 if gone:
                     self._cache.clear()
+                    self._layouts.clear()
         log.info("store: retention deleted %d rows and %d empty series", deleted, gone)
         return deleted
 
@@ -587,6 +673,16 @@ def _window(start: float, end: float) -> tuple[int, int]:
     if start > end:
         raise QueryError(f"start {start!r} is after end {end!r}")
     return round(start * 1000), round(end * 1000)
+
+
+_HEALTH_UPDATED = ("ts", "up", "duration_s", "samples", "error")
+
+
+def _health_row(h: TargetHealth) -> dict[str, Any]:
+    return {
+        "target": h.target, "source": h.source, "ts": round(h.ts * 1000), "up": h.up,
+        "duration_s": h.duration_s, "samples": h.samples, "error": h.error,
+    }
 
 
 def _probe_row(r: ProbeResult) -> dict[str, Any]:

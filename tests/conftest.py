@@ -5,4 +5,5 @@ pytest_plugins = [
     "tests.fixtures_rig",
     "tests.fixtures_http",
     "tests.fixtures_openai",
+    "tests.fixtures_alertmanager",
 ]

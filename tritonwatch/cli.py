@@ -91,6 +91,123 @@ def cmd_probe(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _duration(value: str) -> float:
+    from schemas.config import parse_duration
+
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _time(value: str) -> float:
+    """Unix seconds, ``now``, ``now-1h``, or an ISO 8601 time (UTC unless it says otherwise)."""
+    from datetime import UTC, datetime
+    from time import time
+
+    text = value.strip()
+    if text == "now" or text.startswith("now-"):
+        return time() - (_duration(text[4:]) if text != "now" else 0.0)
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"invalid time {value!r}: use unix seconds, ISO 8601 or now-<duration>"
+        ) from None
+    return (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).timestamp()
+
+
+def cmd_record(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from tritonwatch.record import RecordError, record
+
+    try:
+        written = asyncio.run(record(args.url, Path(args.out), every=args.every,
+                                     duration=args.for_, stats_url=args.stats_url))
+    except RecordError as exc:
+        _err(f"record: {exc}")
+        return 2
+    _err(f"record: {len(written)} scrape(s) saved under {args.out}")
+    return 0 if written else 1
+
+
+def _print_alerts(outcome: Any, as_json: bool, what: str) -> None:
+    from tritonwatch.replay import Outcome
+
+    assert isinstance(outcome, Outcome)
+    if as_json:
+        _out(json.dumps({"alerts": [a.as_json() for a in outcome.alerts]}, indent=2,
+                        allow_nan=False))
+        return
+    from datetime import UTC, datetime
+
+    def iso(ts: float) -> str:
+        return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+    span = (f"{iso(outcome.start)} .. {iso(outcome.end)} UTC"
+            if outcome.start is not None and outcome.end is not None else "nothing")
+    _out(f"{what}: {span}, {outcome.evaluations} evaluation(s); "
+         f"{len(outcome.alerts)} alert(s) would have fired")
+    for alert in outcome.alerts:
+        until = iso(alert.resolved_at) if alert.resolved_at is not None else "still firing"
+        labels = ", ".join(f"{k}={v}" for k, v in sorted(alert.labels.items())
+                           if k != "alertname")
+        _out(f"  {iso(alert.fired_at)} -> {until}  {alert.alertname} {{{labels}}}")
+    for rule, count in sorted(outcome.rule_failures.items()):
+        _err(f"  rule {rule!r} failed {count} time(s) (see the log)")
+
+
+def _load_rules(path: str | None) -> Any:
+    from alerts.rules import load_rules
+
+    return load_rules(path)
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from tritonwatch.replay import ReplayError, replay
+
+    try:
+        rules = _load_rules(args.rules)
+        outcome = replay(args.dir, rules, target=args.target, eval_interval=args.eval_interval,
+                         ttft_slo=args.ttft_slo, itl_slo=args.itl_slo)
+    except ConfigError as exc:
+        for line in exc.errors:
+            _err(f"{exc.source}: {line}")
+        return 2
+    except (ReplayError, OSError) as exc:
+        _err(f"replay: {exc}")
+        return 2
+    _print_alerts(outcome, args.json, f"replay of {args.dir}")
+    return 0
+
+
+def cmd_backtest(args: argparse.Namespace) -> int:
+    from store import StoreError, open_store
+    from tritonwatch.replay import ReplayError, backtest
+
+    try:
+        config = load_config(args.config)
+        rules = _load_rules(args.rules)
+    except ConfigError as exc:
+        for line in exc.errors:
+            _err(f"{exc.source}: {line}")
+        return 2
+    step = args.step or config.alerting.eval_interval
+    try:
+        with open_store(config.store.url) as store:
+            outcome = backtest(store, rules, start=args.from_, end=args.to, step=step)
+    except (ReplayError, StoreError, ValueError) as exc:
+        _err(f"backtest: {exc}")
+        return 2
+    _print_alerts(outcome, args.json, "backtest")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tritonwatch", description="Observability and SLOs for Triton Inference Server fleets"
@@ -124,11 +241,48 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", default="tritonwatch-data")
     p.set_defaults(func=cmd_demo)
 
+    p = sub.add_parser("record", help="save raw scrapes (+ statistics, model configs) to DIR")
+    p.add_argument("url", help="Triton /metrics URL")
+    p.add_argument("--out", required=True, help="recording directory (created)")
+    p.add_argument("--every", type=_duration, default=15.0, help="scrape interval (default 15s)")
+    p.add_argument("--for", dest="for_", type=_duration, required=True,
+                   help="how long to record (e.g. 10m)")
+    p.add_argument("--stats-url", help="Triton HTTP API (http://host:8000): statistics with "
+                   "every scrape, model configs once")
+    p.set_defaults(func=cmd_record)
+
+    p = sub.add_parser("replay", help="the alert rules over a recording, in simulated time")
+    p.add_argument("dir", help="recording directory (see `record`)")
+    p.add_argument("--rules", help="rules file (default: the built-in rules)")
+    p.add_argument("--json", action="store_true",
+                   help='print {"alerts": [{alertname, labels, fired_at, resolved_at}]}')
+    p.add_argument("--eval-interval", type=_duration,
+                   help="evaluate every this much simulated time (default: at every scrape)")
+    p.add_argument("--target", default="replay", help="target name of the replayed series")
+    p.add_argument("--ttft-slo", type=_duration, help="TTFT threshold for probes.jsonl events")
+    p.add_argument("--itl-slo", type=_duration, help="ITL threshold for probes.jsonl events")
+    p.set_defaults(func=cmd_replay)
+
+    p = sub.add_parser("backtest", help="the alert rules over stored history")
+    p.add_argument("--rules", help="rules file (default: the built-in rules)")
+    p.add_argument("--config", help="YAML config file naming the store (default: embedded)")
+    p.add_argument("--from", dest="from_", type=_time, required=True,
+                   help="start: unix seconds, ISO 8601, or now-<duration>")
+    p.add_argument("--to", type=_time, default=_time("now"), help="end (default: now)")
+    p.add_argument("--step", type=_duration,
+                   help="evaluation step (default: alerting.eval_interval)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_backtest)
+
     from tritonwatch.probe_cmd import add_arguments
 
     p = sub.add_parser("probe", help="one-off synthetic LLM probe: TTFT, ITL, TPOT, e2e")
     add_arguments(p)
     p.set_defaults(func=cmd_probe)
+
+    from tritonwatch.rules_cmd import add_commands  # check-rules, rules-schema, import-slo
+
+    add_commands(sub)
     return parser
 
 

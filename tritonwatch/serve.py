@@ -19,6 +19,7 @@ from typing import Any
 import uvicorn
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
+from alerts.jobs import AlertJob
 from api.app import create_app
 from collector.jobs import Collector, SelfMetrics
 from schemas.config import Config
@@ -63,9 +64,13 @@ async def serve(
     collector = Collector(config, store, metrics=metrics)
     scheduler = AsyncIOScheduler(timezone="UTC")
     collector.install(scheduler)
+    # After the collector: its job listener also logs and counts a failing alerts:evaluate.
+    alert_job = AlertJob.from_config(config, store, registry=metrics.registry)
+    alert_job.install(scheduler)
     host, port = split_listen(listen or config.api.listen)
     server = _Server(uvicorn.Config(
-        create_app(store, registry=metrics.registry), host=host, port=port,
+        create_app(store, registry=metrics.registry, alerting=config.alerting),
+        host=host, port=port,
         log_level="warning", lifespan="off", access_log=False,
     ))
     stop = stop or asyncio.Event()
@@ -99,6 +104,7 @@ async def serve(
         # Let in-flight scrapes (already awaiting I/O) land in the buffer before the flush.
         await asyncio.sleep(0)
         await collector.close()
+        await asyncio.to_thread(alert_job.close)
         final_flush(store)
         store.close()
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -1,0 +1,524 @@
+"""Built-in alert rules: what Tritonwatch flags with no rules file at all.
+
+=============================== ===================================================================
+rule (alertname)                what it flags, thresholds, timings
+=============================== ===================================================================
+``batch_fill_rate_regression``  ``sli:batch_fill_rate`` down >= 20 % (median of the last 15 min vs
+(BatchFillRateRegression)       the same hours last week, else the 4 h before; robust z >= 4 and
+                                Mann-Whitney p <= 0.001) at comparable load (request rate within
+                                ±25 %). for 5 min, keep firing 15 min. severity=warning
+``kv_cache_saturation``         ``sli:kv_cache_utilization`` (2 min mean) >= 90 %.
+(KVCacheSaturation)             for 10 min, keep firing 5 min. severity=warning
+``kv_cache_exhaustion_forecast`` a least-squares line through the last 30 min of
+(KVCacheExhaustionForecast)     ``sli:kv_cache_utilization`` (1 min means, >= 10 of them, slope
+                                t-statistic >= 3) reaches 100 % within 30 min while below it now.
+                                for 5 min, keep firing 10 min. severity=warning
+``kv_cache_regression``         ``sli:kv_cache_utilization`` up >= 20 % (same test as fill rate,
+(KVCacheRegression)             baseline level above 5 %) at comparable load (request rate within
+                                ±15 %: KV use follows load). for 5 min, keep firing 15 min.
+                                severity=warning
+``gpu_utilization_regression``  ``sli:gpu_utilization`` per ``gpu_uuid`` down >= 20 % (same test)
+(GPUUtilizationRegression)      while the target's total request rate is within ±15 %.
+                                for 5 min, keep firing 15 min. severity=warning
+``gpu_idle_while_queued``       ``sli:gpu_idle_while_queued`` (2 min mean) >= 0.5; for targets
+(GPUIdleWhileQueued)            without that series: every GPU of the target under 10 %
+                                utilization while its models have >= 1 pending request (2 min
+                                means). for 5 min, keep firing 5 min. severity=warning
+``ttft_regression``             ``probe:ttft_seconds`` per probe and model up >= 20 % (same test)
+(TTFTRegression)                at comparable load of the model. for 5 min, keep firing 15 min.
+                                severity=warning
+``itl_regression``              ``probe:itl_seconds`` likewise. severity=warning
+(ITLRegression)
+``failure_ratio_spike``         per model and ``reason``: failures / (successes + all failures)
+(FailureRatioSpike)             over the last 5 min >= 5 % and >= 2 x the ratio of the hour
+                                before + 1 point, with at least 0.2 req/s of traffic.
+                                for 2 min, keep firing 5 min. severity=critical
+``target_down``                 the target's latest ``up`` sample is 0, or it has not been scraped
+(TargetDown)                    for 2 min (``up`` in the last hour, or the store's health), for
+                                2 min, keep firing 1 min. severity=critical
+=============================== ===================================================================
+
+``DefaultsSpec`` turns all of them off (``enabled: false``), some (``disable``), or adjusts them
+(``overrides``: ``threshold``, ``min_effect``, ``z_threshold``, ``baseline``, ``recent_window``,
+``baseline_window``, ``load_tolerance``, ``min_traffic``, ``horizon``, ``for``,
+``keep_firing_for``).  Labels are ``alertname``, ``rule``, ``target``, ``model``/``version``
+(``probe`` for probe rules, ``gpu_uuid`` for GPU rules, ``reason`` for failures) and
+``severity``; every number is in the annotations.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from alerts.detect import (
+    RegressionRule,
+    alertname_for,
+    display,
+    fmt_change,
+    fmt_duration,
+    fmt_value,
+    group_points,
+)
+from alerts.model import Rule
+from schemas.alerts import AlertCandidate
+from schemas.regressions import (
+    DEFAULT_RULE_NAMES,
+    DefaultOverride,
+    DefaultsSpec,
+    RegressionSpec,
+)
+from schemas.samples import Labels, make_labels
+
+if TYPE_CHECKING:
+    from store import Store
+
+_MODEL = ("model", "version")
+_ALERTNAMES = {
+    "batch_fill_rate_regression": "BatchFillRateRegression",
+    "kv_cache_saturation": "KVCacheSaturation",
+    "kv_cache_exhaustion_forecast": "KVCacheExhaustionForecast",
+    "kv_cache_regression": "KVCacheRegression",
+    "gpu_utilization_regression": "GPUUtilizationRegression",
+    "gpu_idle_while_queued": "GPUIdleWhileQueued",
+    "ttft_regression": "TTFTRegression",
+    "itl_regression": "ITLRegression",
+    "failure_ratio_spike": "FailureRatioSpike",
+    "target_down": "TargetDown",
+}
+
+
+def _labels(name: str, target: str, extra: Labels, severity: str) -> Labels:
+    lbl = {
+        "alertname": _ALERTNAMES.get(name, alertname_for(name)),
+        "rule": name,
+        "target": target,
+        "severity": severity,
+    }
+    lbl.update(dict(extra))
+    return make_labels(lbl)
+
+
+def _where(labels: Labels) -> str:
+    return ", ".join(f"{k}={v}" for k, v in labels) or "all"
+
+
+def _means(
+    store: Store, name: str, now: float, window: float, by: tuple[str, ...]
+) -> dict[tuple[str, Labels], float]:
+    """Mean over ``[now - window, now]`` of each group (target, ``by`` labels)."""
+    data = store.range(name, start=now - window, end=now)
+    acc: dict[tuple[str, Labels], list[float]] = {}
+    for sd in data:
+        lbl = dict(sd.labels)
+        key = (sd.target, make_labels({k: lbl[k] for k in by if k in lbl}))
+        acc.setdefault(key, []).extend(v for v in sd.values if math.isfinite(v))
+    return {k: sum(v) / len(v) for k, v in acc.items() if v}
+
+
+# --- regression defaults -----------------------------------------------------------------------
+
+
+def _regression_spec(name: str, o: DefaultOverride | None) -> RegressionSpec:
+    common: dict[str, Any] = {
+        "name": name,
+        "baseline": "week_ago",
+        "recent_window": 900.0,
+        "baseline_window": 4 * 3600.0,
+        "min_effect": 0.2,
+        "for": 300.0,
+        "keep_firing_for": 900.0,
+        "labels": {"alertname": _ALERTNAMES[name], "severity": "warning"},
+    }
+    per: dict[str, dict[str, Any]] = {
+        "batch_fill_rate_regression": {
+            "series": "sli:batch_fill_rate", "direction": "down", "min_baseline": 0.01,
+            "related": ("sli:queue_time_seconds", "sli:pending_requests",
+                        "sli:gpu_utilization", "sli:kv_cache_utilization"),
+        },
+        "kv_cache_regression": {
+            "series": "sli:kv_cache_utilization", "direction": "up", "min_baseline": 0.05,
+            "load_tolerance": 0.15,  # KV use grows with load: keep the drift below min_effect
+            "related": ("sli:queue_time_seconds", "sli:pending_requests", "probe:ttft_seconds"),
+        },
+        "gpu_utilization_regression": {
+            "series": "sli:gpu_utilization", "direction": "down", "by": ("gpu_uuid",),
+            "min_baseline": 0.05, "load_tolerance": 0.15,
+            "related": ("sli:batch_fill_rate", "sli:queue_time_seconds"),
+        },
+        "ttft_regression": {
+            "series": "probe:ttft_seconds", "direction": "up", "by": ("probe", "model"),
+            "related": ("sli:kv_cache_utilization", "sli:queue_time_seconds",
+                        "sli:pending_requests", "sli:batch_fill_rate"),
+        },
+        "itl_regression": {
+            "series": "probe:itl_seconds", "direction": "up", "by": ("probe", "model"),
+            "related": ("sli:kv_cache_utilization", "sli:queue_time_seconds",
+                        "sli:batch_fill_rate", "sli:gpu_utilization"),
+        },
+    }
+    values = {**common, **per[name]}
+    if o is not None:
+        for key in ("min_effect", "z_threshold", "baseline", "recent_window",
+                    "baseline_window", "load_tolerance"):
+            v = getattr(o, key)
+            if v is not None:
+                values[key] = v
+        if o.for_s is not None:
+            values["for"] = o.for_s
+        if o.keep_firing_for_s is not None:
+            values["keep_firing_for"] = o.keep_firing_for_s
+    return RegressionSpec.model_validate(values)
+
+
+# --- threshold and forecast rules --------------------------------------------------------------
+
+
+@dataclass
+class KvCacheSaturationRule:
+    """``sli:kv_cache_utilization`` mean over ``window`` at or above ``threshold``."""
+
+    name: str = "kv_cache_saturation"
+    for_s: float = 600.0
+    keep_firing_for_s: float = 300.0
+    threshold: float = 0.9
+    window: float = 120.0
+
+    def evaluate(self, store: Store, now: float) -> list[AlertCandidate]:
+        out: list[AlertCandidate] = []
+        util = _means(store, "sli:kv_cache_utilization", now, self.window, _MODEL)
+        queue = _means(store, "sli:queue_time_seconds", now, self.window, _MODEL)
+        pending = _means(store, "sli:pending_requests", now, self.window, _MODEL)
+        for key in sorted(util):
+            u = util[key]
+            if u < self.threshold:
+                continue
+            target, labels = key
+            moved = [
+                f"{display(n)[0]} {fmt_value(m[key], display(n)[1])}"
+                for n, m in (("sli:queue_time_seconds", queue), ("sli:pending_requests", pending))
+                if key in m
+            ]
+            summary = f"KV-cache utilization {fmt_value(u, 'ratio')} (>= " + (
+                f"{fmt_value(self.threshold, 'ratio')})" + "".join(f"; {t}" for t in moved)
+            )
+            ann = {
+                "summary": summary,
+                "description": (
+                    f"KV-cache of {_where(labels)} on {target} is {u * 100:.1f} % used "
+                    f"({fmt_duration(self.window)} mean), threshold "
+                    f"{self.threshold * 100:.0f} %: new requests wait or are preempted."
+                ),
+                "utilization": f"{u:.4g}",
+                "threshold": f"{self.threshold:g}",
+            }
+            out.append(AlertCandidate(_labels(self.name, target, labels, "warning"),
+                                      make_labels(ann), u))
+        return out
+
+
+@dataclass
+class KvCacheForecastRule:
+    """Linear trend of ``sli:kv_cache_utilization`` reaches ``threshold`` within ``horizon``."""
+
+    name: str = "kv_cache_exhaustion_forecast"
+    for_s: float = 300.0
+    keep_firing_for_s: float = 600.0
+    threshold: float = 1.0
+    window: float = 1800.0
+    horizon: float = 1800.0
+    step: float = 60.0
+    min_points: int = 10
+    min_t: float = 3.0
+
+    def evaluate(self, store: Store, now: float) -> list[AlertCandidate]:
+        out: list[AlertCandidate] = []
+        data = store.buckets("sli:kv_cache_utilization", start=now - self.window, end=now,
+                             step=self.step, agg="avg")
+        for (target, labels), points in sorted(group_points(data, _MODEL).items()):
+            if len(points) < self.min_points:
+                continue
+            t = np.array(sorted(points), dtype=float)
+            y = np.array([points[x] for x in sorted(points)], dtype=float)
+            t = t + self.step / 2 - now  # bucket midpoints, seconds relative to now
+            tm, ym = t.mean(), y.mean()
+            sxx = float(((t - tm) ** 2).sum())
+            if sxx <= 0:
+                continue
+            slope = float(((t - tm) * (y - ym)).sum()) / sxx
+            level = ym - slope * tm  # fitted value at now
+            resid = y - (ym + slope * (t - tm))
+            dof = len(y) - 2
+            s2 = float((resid**2).sum()) / dof if dof > 0 else 0.0
+            se = math.sqrt(s2 / sxx) if s2 > 0 else 0.0
+            t_stat = slope / se if se > 0 else (math.inf if slope > 0 else 0.0)
+            if slope <= 0 or t_stat < self.min_t or level >= self.threshold:
+                continue
+            eta = (self.threshold - level) / slope
+            if eta > self.horizon:
+                continue
+            summary = (
+                f"KV-cache {fmt_value(level, 'ratio')} and rising "
+                f"{slope * 6000:.1f} %/min: full in ~{eta / 60:.0f} min"
+            )
+            ann = {
+                "summary": summary,
+                "description": (
+                    f"A least-squares line through the last {fmt_duration(self.window)} of "
+                    f"KV-cache utilization of {_where(labels)} on {target} ({len(y)} points, "
+                    f"slope t={t_stat:.1f}) reaches {self.threshold * 100:.0f} % in "
+                    f"{eta / 60:.1f} min (horizon {fmt_duration(self.horizon)})."
+                ),
+                "utilization": f"{level:.4g}",
+                "slope_per_minute": f"{slope * 60:.4g}",
+                "seconds_to_exhaustion": f"{eta:.0f}",
+            }
+            out.append(AlertCandidate(_labels(self.name, target, labels, "warning"),
+                                      make_labels(ann), eta))
+        return out
+
+
+@dataclass
+class GpuIdleWhileQueuedRule:
+    """GPUs idle while requests queue: the GPU join series, else Triton's own view."""
+
+    name: str = "gpu_idle_while_queued"
+    for_s: float = 300.0
+    keep_firing_for_s: float = 300.0
+    threshold: float = 0.1  # utilization under which a GPU is idle (Triton-only fallback)
+    window: float = 120.0
+
+    def evaluate(self, store: Store, now: float) -> list[AlertCandidate]:
+        out: list[AlertCandidate] = []
+        joined = _means(store, "sli:gpu_idle_while_queued", now, self.window, ("gpu_uuid",))
+        pending_gpu = _means(store, "sli:gpu_pending_requests", now, self.window, ("gpu_uuid",))
+        util_ratio = _means(store, "sli:gpu_utilization_ratio", now, self.window, ("gpu_uuid",))
+        with_join = {target for target, _ in joined}
+        for key in sorted(joined):
+            share = joined[key]
+            if share < 0.5:
+                continue
+            target, labels = key
+            extra = []
+            if key in util_ratio:
+                extra.append(f"utilization {fmt_value(util_ratio[key], 'ratio')}")
+            if key in pending_gpu:
+                extra.append(f"{pending_gpu[key]:.3g} requests pending")
+            out.append(self._candidate(target, labels, share, extra))
+        # Fallback from Triton's own metrics, per target without the join series.
+        util = _means(store, "sli:gpu_utilization", now, self.window, ("gpu_uuid",))
+        pending = _means(store, "sli:pending_requests", now, self.window, _MODEL)
+        by_target: dict[str, list[tuple[Labels, float]]] = {}
+        for (target, labels), u in util.items():
+            if target not in with_join:
+                by_target.setdefault(target, []).append((labels, u))
+        for target, gpus in sorted(by_target.items()):
+            queued = sum(v for (t, _), v in pending.items() if t == target)
+            if queued < 1 or any(u >= self.threshold for _, u in gpus):
+                continue
+            for labels, u in sorted(gpus):
+                extra = [f"utilization {fmt_value(u, 'ratio')}",
+                         f"{queued:.3g} requests pending on {target}"]
+                out.append(self._candidate(target, labels, 1.0, extra))
+        return out
+
+    def _candidate(
+        self, target: str, labels: Labels, share: float, extra: list[str]
+    ) -> AlertCandidate:
+        summary = (
+            f"GPU idle while requests queue ({share * 100:.0f} % of the last "
+            f"{fmt_duration(self.window)})" + "".join(f"; {t}" for t in extra)
+        )
+        ann = {
+            "summary": summary,
+            "description": (
+                f"GPU {_where(labels)} of {target} was idle while models on it had queued "
+                f"requests for {share * 100:.0f} % of the last {fmt_duration(self.window)}: "
+                "check instance placement, max_queue_delay_microseconds and the input pipeline."
+            ),
+            "idle_share": f"{share:.3g}",
+        }
+        return AlertCandidate(_labels(self.name, target, labels, "warning"),
+                              make_labels(ann), share)
+
+
+@dataclass
+class FailureRatioSpikeRule:
+    """Failures by reason / all requests spike above the ratio of the hour before."""
+
+    name: str = "failure_ratio_spike"
+    for_s: float = 120.0
+    keep_firing_for_s: float = 300.0
+    threshold: float = 0.05
+    window: float = 300.0
+    baseline_window: float = 3600.0
+    min_traffic: float = 0.2
+    factor: float = 2.0
+    margin: float = 0.01
+
+    def evaluate(self, store: Store, now: float) -> list[AlertCandidate]:
+        start = now - self.window - self.baseline_window
+        split = now - self.window
+        fail = store.range("sli:failure_rate", start=start, end=now)
+        ok = store.range("sli:request_rate", start=start, end=now)
+
+        def sums(data: Any, by: tuple[str, ...]) -> dict[tuple[str, Labels], list[float]]:
+            # [recent sum, recent count-of-samples, baseline sum, baseline count]
+            acc: dict[tuple[str, Labels], list[float]] = {}
+            for sd in data:
+                lbl = dict(sd.labels)
+                key = (sd.target, make_labels({k: lbl[k] for k in by if k in lbl}))
+                a = acc.setdefault(key, [0.0, 0.0, 0.0, 0.0])
+                for ts, v in zip(sd.ts, sd.values, strict=True):
+                    if not math.isfinite(v):
+                        continue
+                    i = 0 if ts > split else 2
+                    a[i] += v
+                    a[i + 1] += 1
+            return acc
+
+        def mean(a: list[float], i: int) -> float:
+            return a[i] / a[i + 1] if a[i + 1] else 0.0
+
+        ok_by = sums(ok, _MODEL)
+        fail_by_reason = sums(fail, (*_MODEL, "reason"))
+        fail_all: dict[tuple[str, Labels], list[float]] = {}
+        for (target, labels), a in fail_by_reason.items():
+            key = (target, tuple(p for p in labels if p[0] != "reason"))
+            b = fail_all.setdefault(key, [0.0, 0.0, 0.0, 0.0])
+            for i in (0, 2):  # mean rates add up over reasons
+                b[i] += mean(a, i)
+                b[i + 1] = 1.0
+        out: list[AlertCandidate] = []
+        for (target, labels), a in sorted(fail_by_reason.items()):
+            mkey = (target, tuple(p for p in labels if p[0] != "reason"))
+            okm = ok_by.get(mkey, [0.0, 0.0, 0.0, 0.0])
+            allf = fail_all[mkey]
+            total_now = mean(okm, 0) + mean(allf, 0)
+            total_base = mean(okm, 2) + mean(allf, 2)
+            if total_now < self.min_traffic:
+                continue
+            ratio = mean(a, 0) / total_now
+            base = mean(a, 2) / total_base if total_base > 0 else 0.0
+            if ratio < self.threshold or ratio < self.factor * base + self.margin:
+                continue
+            reason = dict(labels).get("reason", "ALL")
+            summary = (
+                f"{ratio * 100:.1f} % of requests failing ({reason}) vs "
+                f"{base * 100:.2f} % in the hour before; "
+                f"{fmt_value(total_now, 'req/s')} ({fmt_change(total_now, total_base)})"
+            )
+            ann = {
+                "summary": summary,
+                "description": (
+                    f"{_where(labels)} on {target}: {mean(a, 0):.3g} failures/s with reason "
+                    f"{reason} out of {total_now:.3g} requests/s over the last "
+                    f"{fmt_duration(self.window)} ({ratio * 100:.1f} %, threshold "
+                    f"{self.threshold * 100:.0f} %); baseline {base * 100:.2f} % over the "
+                    f"{fmt_duration(self.baseline_window)} before."
+                ),
+                "failure_ratio": f"{ratio:.4g}",
+                "baseline_ratio": f"{base:.4g}",
+                "request_rate": f"{total_now:.4g}",
+            }
+            out.append(AlertCandidate(_labels(self.name, target, labels, "critical"),
+                                      make_labels(ann), ratio))
+        return out
+
+
+@dataclass
+class TargetDownRule:
+    """A target whose latest ``up`` is 0, or that has not been scraped for ``stale_after``."""
+
+    name: str = "target_down"
+    for_s: float = 120.0
+    keep_firing_for_s: float = 60.0
+    stale_after: float = 120.0
+    lookback: float = 3600.0
+
+    def evaluate(self, store: Store, now: float) -> list[AlertCandidate]:
+        last: dict[str, tuple[float, float]] = {}  # target -> (ts, value) of latest ``up``
+        for sd in store.buckets("up", start=now - self.lookback, end=now, step=60.0,
+                                agg="min"):
+            if sd.ts and (sd.target not in last or sd.ts[-1] > last[sd.target][0]):
+                last[sd.target] = (sd.ts[-1], sd.values[-1])
+        # The latest raw samples decide (a bucket's min hides a recovery inside it).
+        recent = store.range("up", start=now - 2 * self.stale_after, end=now)
+        for sd in recent:
+            if sd.ts and sd.ts[-1] >= last.get(sd.target, (-math.inf, 0.0))[0]:
+                last[sd.target] = (sd.ts[-1], sd.values[-1])
+        errors: dict[str, str] = {}
+        for h in store.health():
+            if h.source != "metrics":
+                continue
+            if h.error:
+                errors[h.target] = h.error
+            if h.target not in last or h.ts > last[h.target][0]:
+                last[h.target] = (h.ts, 1.0 if h.up else 0.0)
+        out: list[AlertCandidate] = []
+        for target, (ts, value) in sorted(last.items()):
+            age = now - ts
+            if value >= 1 and age <= self.stale_after:
+                continue
+            if value < 1:
+                why = f"its last scrape failed ({fmt_duration(max(age, 0))} ago)"
+            else:
+                why = f"it has not been scraped for {fmt_duration(round(age))}"
+            if target in errors:
+                why += f": {errors[target]}"
+            ann = {
+                "summary": f"Target {target} is not answering",
+                "description": f"Tritonwatch cannot read {target}: {why}.",
+                "last_scrape_age_seconds": f"{age:.0f}",
+            }
+            out.append(AlertCandidate(_labels(self.name, target, (), "critical"),
+                                      make_labels(ann), age))
+        return out
+
+
+# --- assembly ----------------------------------------------------------------------------------
+
+
+def _apply(rule: Any, o: DefaultOverride | None, mapping: Mapping[str, str]) -> Any:
+    if o is None:
+        return rule
+    for src, dst in {"for_s": "for_s", "keep_firing_for_s": "keep_firing_for_s",
+                     **mapping}.items():
+        v = getattr(o, src)
+        if v is not None:
+            setattr(rule, dst, v)
+    return rule
+
+
+def default_rules(spec: DefaultsSpec | None = None) -> list[Rule]:
+    """The built-in rules (all of them for ``None``), minus those ``spec`` disables."""
+    spec = spec or DefaultsSpec()
+    if not spec.enabled:
+        return []
+    rules: list[Rule] = []
+    for name in DEFAULT_RULE_NAMES:
+        if name in spec.disable:
+            continue
+        o = spec.overrides.get(name)
+        if name in ("batch_fill_rate_regression", "kv_cache_regression",
+                    "gpu_utilization_regression", "ttft_regression", "itl_regression"):
+            rs = _regression_spec(name, o)
+            rules.append(RegressionRule(rs, alertname=_ALERTNAMES[name]))
+        elif name == "kv_cache_saturation":
+            rules.append(_apply(KvCacheSaturationRule(), o, {"threshold": "threshold"}))
+        elif name == "kv_cache_exhaustion_forecast":
+            rules.append(_apply(KvCacheForecastRule(), o, {
+                "threshold": "threshold", "horizon": "horizon", "recent_window": "window"}))
+        elif name == "gpu_idle_while_queued":
+            rules.append(_apply(GpuIdleWhileQueuedRule(), o, {"threshold": "threshold"}))
+        elif name == "failure_ratio_spike":
+            rules.append(_apply(FailureRatioSpikeRule(), o, {
+                "threshold": "threshold", "min_traffic": "min_traffic",
+                "recent_window": "window", "baseline_window": "baseline_window"}))
+        elif name == "target_down":
+            rules.append(_apply(TargetDownRule(), o, {}))
+    return rules

@@ -1,0 +1,478 @@
+"""Regression detection: a recent window against a baseline, robustly, at comparable load.
+
+For each alert instance (the target plus the spec's ``by`` labels; series sharing them, such as
+one per ``gpu_uuid``, are averaged bucket by bucket) at evaluation time ``now``:
+
+1. **Windows.**  Points are averaged into ``step`` buckets.  The *recent* window is
+   ``[now - recent_window, now]``.  Baselines are tried in order: with ``baseline: week_ago``
+   first the same hours a week earlier (the recent window's midpoint minus 7 days, ± half the
+   ``baseline_window``), then the *trailing* ``baseline_window`` just before the recent window.
+   A baseline is skipped when it has fewer than ``min_points`` buckets, or when load was not
+   comparable in it (step 2); the first usable one decides, and no other is tried after it
+   (the detector never shops for a baseline that fires).
+2. **Comparable load.**  The medians of ``load_series`` (default ``sli:request_rate``) of the
+   same target and model (summed over versions and models when the instance has no such
+   labels, e.g. a GPU) must differ by at most ``load_tolerance`` (relative) between the windows.
+   A fill rate that falls because traffic fell is not a regression.  Without any load data the
+   guard cannot be applied and the annotations say so.
+3. **Effect.**  The relative change of the median, in the bad ``direction``, is at least
+   ``min_effect`` (and the baseline median exceeds ``min_baseline``).
+4. **Significance.**  Both must hold (SLO-alerting notes §4.2):
+
+   * robust z of the recent median: ``(med_r - med_b) / (1.2533 * 1.4826 * MAD_b / sqrt(n_r))``
+     (the standard error of a median of ``n_r`` values whose sigma is estimated from the
+     baseline's median absolute deviation; sigma is floored at 1 % of the baseline level, so a
+     flat baseline does not turn every wobble into infinity) at least ``z_threshold``;
+   * one-sided Mann-Whitney U of the recent buckets against the baseline buckets (normal
+     approximation, tie-corrected) with ``p <= alpha``; robust to spikes and skew.
+
+Annotations say what changed, by how much, against which baseline, with which load, and what
+moved with it (other SLIs of the same model: queue time, KV-cache, fill rate, ...).  The labels
+are only ``alertname``, ``rule``, ``target``, the ``by`` labels and the spec's extra labels.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import numpy as np
+
+from alerts.model import Rule
+from schemas.alerts import AlertCandidate
+from schemas.regressions import RegressionSpec
+from schemas.samples import Labels, make_labels
+
+if TYPE_CHECKING:
+    from store import SeriesData, Store
+
+WEEK_S = 7 * 86400.0
+_MAD_TO_SIGMA = 1.4826
+_MEDIAN_SE = 1.2533  # sqrt(pi/2): standard error of a median over that of a mean
+_SIGMA_FLOOR = 0.01  # of the baseline level
+
+#: How series are named in annotations, and their unit ("ratio", "s", "req/s", "").
+DISPLAY: dict[str, tuple[str, str]] = {
+    "sli:batch_fill_rate": ("batch fill rate", "ratio"),
+    "sli:stats_batch_fill_rate": ("batch fill rate (stats)", "ratio"),
+    "sli:avg_batch_size": ("average batch size", ""),
+    "sli:kv_cache_utilization": ("KV-cache utilization", "ratio"),
+    "sli:kv_cache_free_blocks": ("free KV-cache blocks", ""),
+    "sli:gpu_utilization": ("GPU utilization", "ratio"),
+    "sli:gpu_utilization_ratio": ("GPU utilization", "ratio"),
+    "sli:request_rate": ("request rate", "req/s"),
+    "sli:queue_time_seconds": ("queue time", "s"),
+    "sli:compute_time_seconds": ("compute time", "s"),
+    "sli:pending_requests": ("pending requests", ""),
+    "sli:success_ratio": ("success ratio", "ratio"),
+    "sli:ttft_seconds": ("server TTFT", "s"),
+    "sli:itl_seconds": ("server ITL", "s"),
+    "probe:ttft_seconds": ("TTFT", "s"),
+    "probe:itl_seconds": ("ITL", "s"),
+    "probe:e2e_seconds": ("end-to-end latency", "s"),
+}
+
+#: Series of the same model quoted as "what moved with it" when a spec names none.
+DEFAULT_RELATED: tuple[str, ...] = (
+    "sli:kv_cache_utilization",
+    "sli:queue_time_seconds",
+    "sli:pending_requests",
+    "sli:batch_fill_rate",
+    "sli:gpu_utilization",
+    "probe:ttft_seconds",
+)
+
+
+class Comparison(NamedTuple):
+    """The statistics of one recent window against one baseline."""
+
+    current: float  # recent median
+    baseline: float  # baseline median
+    change: float  # relative change of the median, signed (+0.38 = +38 %)
+    z: float  # robust z of the recent median, signed
+    p_value: float  # one-sided Mann-Whitney p in the spec's bad direction
+    n_recent: int
+    n_baseline: int
+
+
+class Finding(NamedTuple):
+    """One regression that holds at evaluation time."""
+
+    target: str
+    labels: Labels  # the ``by`` labels of the instance
+    baseline_kind: str  # "trailing" or "week_ago"
+    comparison: Comparison
+    load_current: float | None
+    load_baseline: float | None
+    related: tuple[str, ...]  # "KV-cache utilization 97 % (+25 %)", ...
+    candidate: AlertCandidate
+
+
+# --- statistics ------------------------------------------------------------------------------
+
+
+def robust_z(recent: Sequence[float], baseline: Sequence[float]) -> float:
+    """Robust z of the recent median against the baseline (median, MAD); signed."""
+    r = np.asarray(recent, dtype=float)
+    b = np.asarray(baseline, dtype=float)
+    med_b = float(np.median(b))
+    sigma = _MAD_TO_SIGMA * float(np.median(np.abs(b - med_b)))
+    sigma = max(sigma, _SIGMA_FLOOR * abs(med_b), 1e-12)
+    se = _MEDIAN_SE * sigma / math.sqrt(len(r))
+    return (float(np.median(r)) - med_b) / se
+
+
+def mann_whitney_p(recent: Sequence[float], baseline: Sequence[float], direction: str) -> float:
+    """One-sided Mann-Whitney U p-value that ``recent`` is stochastically greater (``up``) or
+    smaller (``down``) than ``baseline``: normal approximation with tie correction and
+    continuity correction (accurate enough for the 5+ vs 20+ samples used here)."""
+    r = np.asarray(recent, dtype=float)
+    b = np.asarray(baseline, dtype=float)
+    n1, n2 = len(r), len(b)
+    if n1 == 0 or n2 == 0:
+        return 1.0
+    both = np.concatenate([r, b])
+    _, inverse, counts = np.unique(both, return_inverse=True, return_counts=True)
+    starts = np.cumsum(counts) - counts
+    ranks = (starts + (counts + 1) / 2.0)[inverse]
+    u1 = float(ranks[:n1].sum()) - n1 * (n1 + 1) / 2.0
+    n = n1 + n2
+    ties = float(((counts.astype(float) ** 3) - counts).sum())
+    var = n1 * n2 / 12.0 * ((n + 1) - ties / (n * (n - 1)))
+    if var <= 0:
+        return 1.0
+    mean = n1 * n2 / 2.0
+    diff = (u1 - mean) if direction == "up" else (mean - u1)
+    z = (diff - 0.5) / math.sqrt(var)
+    return 0.5 * math.erfc(z / math.sqrt(2.0))
+
+
+def compare(recent: Sequence[float], baseline: Sequence[float], direction: str) -> Comparison:
+    """Medians, relative change, robust z and Mann-Whitney p of ``recent`` vs ``baseline``."""
+    cur = float(np.median(np.asarray(recent, dtype=float)))
+    base = float(np.median(np.asarray(baseline, dtype=float)))
+    change = (cur - base) / abs(base) if base != 0 else (math.inf if cur > 0 else 0.0)
+    return Comparison(
+        current=cur,
+        baseline=base,
+        change=change,
+        z=robust_z(recent, baseline),
+        p_value=mann_whitney_p(recent, baseline, direction),
+        n_recent=len(recent),
+        n_baseline=len(baseline),
+    )
+
+
+def is_regression(c: Comparison, spec: RegressionSpec) -> bool:
+    """Effect size, robust z and Mann-Whitney all say "worse" in the spec's direction."""
+    sign = 1.0 if spec.direction == "up" else -1.0
+    if abs(c.baseline) <= spec.min_baseline:
+        return False
+    return (
+        sign * c.change >= spec.min_effect
+        and sign * c.z >= spec.z_threshold
+        and c.p_value <= spec.alpha
+    )
+
+
+# --- formatting ------------------------------------------------------------------------------
+
+
+def fmt_value(value: float, unit: str) -> str:
+    if unit == "ratio":
+        return f"{value * 100:.0f} %"
+    if unit == "s":
+        return f"{value * 1000:.0f} ms" if abs(value) < 1 else f"{value:.2f} s"
+    if unit == "req/s":
+        return f"{value:.3g} req/s"
+    return f"{value:.3g}"
+
+
+def fmt_change(current: float, baseline: float) -> str:
+    """``+38 %`` / ``-25 %`` for moderate changes, a factor (times sign, ``3.0``) past 2."""
+    if baseline == 0:
+        return "new" if current != 0 else "±0 %"
+    ratio = current / baseline
+    if ratio >= 2 and baseline > 0:
+        return f"\u00d7{ratio:.1f}"
+    return f"{(ratio - 1) * 100:+.0f} %"
+
+
+def fmt_duration(seconds: float) -> str:
+    if seconds >= 86400 and seconds % 86400 == 0:
+        return f"{seconds / 86400:g} d"
+    if seconds >= 3600 and seconds % 3600 == 0:
+        return f"{seconds / 3600:g} h"
+    if seconds >= 60:
+        return f"{seconds / 60:g} min"
+    return f"{seconds:g} s"
+
+
+def display(series: str) -> tuple[str, str]:
+    return DISPLAY.get(series, (series, ""))
+
+
+def alertname_for(name: str) -> str:
+    """``batch_fill_rate_regression`` → ``BatchFillRateRegression``."""
+    return "".join(part[:1].upper() + part[1:] for part in name.replace("-", "_").split("_"))
+
+
+# --- data ------------------------------------------------------------------------------------
+
+GroupKey = tuple[str, Labels]  # target, by-labels
+
+
+def group_points(
+    data: Iterable[SeriesData], by: Sequence[str], *, how: str = "mean"
+) -> dict[GroupKey, dict[float, float]]:
+    """Series grouped by target and ``by`` labels; points of one bucket averaged (or summed)."""
+    acc: dict[GroupKey, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for sd in data:
+        lbl = dict(sd.labels)
+        key = (sd.target, make_labels({k: lbl[k] for k in by if k in lbl}))
+        points = acc[key]
+        for ts, v in zip(sd.ts, sd.values, strict=True):
+            if math.isfinite(v):
+                points[ts].append(v)
+    out: dict[GroupKey, dict[float, float]] = {}
+    for key, points in acc.items():
+        out[key] = {
+            ts: (sum(vs) if how == "sum" else sum(vs) / len(vs)) for ts, vs in points.items()
+        }
+    return out
+
+
+def _window(points: Mapping[float, float], start: float, end: float) -> list[float]:
+    return [v for ts, v in points.items() if start <= ts < end]
+
+
+def _load_match(labels: Labels) -> dict[str, str]:
+    return {k: v for k, v in labels if k in ("model", "version")}
+
+
+class _Loader:
+    """Bucketed queries of one evaluation, each issued at most once."""
+
+    def __init__(self, store: Store, step: float) -> None:
+        self.store = store
+        self.step = step
+        self._cache: dict[tuple[Any, ...], list[SeriesData]] = {}
+
+    def get(
+        self,
+        name: str,
+        start: float,
+        end: float,
+        match: Mapping[str, str] | None = None,
+        target: str | None = None,
+    ) -> list[SeriesData]:
+        key = (name, start, end, tuple(sorted((match or {}).items())), target)
+        if key not in self._cache:
+            self._cache[key] = self.store.buckets(
+                name, start=start, end=end, step=self.step, agg="avg", match=match or None,
+                target=target,
+            )
+        return self._cache[key]
+
+
+def _load_median(
+    loader: _Loader, spec: RegressionSpec, target: str, labels: Labels, start: float, end: float
+) -> float | None:
+    assert spec.load_series is not None
+    data = [sd for sd in loader.get(spec.load_series, start, end) if sd.target == target]
+    want = _load_match(labels)
+    data = [sd for sd in data if all(dict(sd.labels).get(k) == v for k, v in want.items())]
+    # Sum over the series of the instance (versions, models) bucket by bucket.
+    summed = group_points(data, (), how="sum").get((target, ()), {})
+    values = _window(summed, start, end)
+    return float(np.median(values)) if values else None
+
+
+def load_comparable(current: float | None, baseline: float | None, tolerance: float) -> bool:
+    """True when both loads are known and within ``tolerance`` (relative), or either unknown."""
+    if current is None or baseline is None:
+        return True
+    if baseline <= 0:
+        return current <= 0
+    return abs(current - baseline) / baseline <= tolerance
+
+
+# --- the detector ----------------------------------------------------------------------------
+
+
+def detect(
+    store: Store, spec: RegressionSpec, now: float, *, alertname: str | None = None
+) -> list[Finding]:
+    """Every instance of ``spec`` that has regressed at ``now``."""
+    loader = _Loader(store, spec.step)
+    recent_start = now - spec.recent_window
+    trail = (recent_start - spec.baseline_window, recent_start)
+    main = group_points(loader.get(spec.series, trail[0], now, spec.match), spec.by)
+    baselines: list[tuple[str, tuple[float, float], dict[GroupKey, dict[float, float]]]] = []
+    if spec.baseline == "week_ago":
+        mid = now - spec.recent_window / 2 - WEEK_S
+        wk = (mid - spec.baseline_window / 2, mid + spec.baseline_window / 2)
+        week = group_points(loader.get(spec.series, wk[0], wk[1], spec.match), spec.by)
+        baselines.append(("week_ago", wk, week))
+    baselines.append(("trailing", trail, main))
+
+    findings: list[Finding] = []
+    for key in sorted(main):
+        target, labels = key
+        recent = _window(main[key], recent_start, now + spec.step)
+        if len(recent) < spec.min_points:
+            continue
+        load_now: float | None = None
+        if spec.load_series is not None:
+            load_now = _load_median(loader, spec, target, labels, recent_start, now + spec.step)
+        for kind, (b0, b1), source in baselines:
+            base = _window(source.get(key, {}), b0, b1)
+            if len(base) < spec.min_points:
+                continue
+            load_base: float | None = None
+            if spec.load_series is not None:
+                load_base = _load_median(loader, spec, target, labels, b0, b1)
+                if not load_comparable(load_now, load_base, spec.load_tolerance):
+                    continue
+            c = compare(recent, base, spec.direction)
+            if is_regression(c, spec):
+                findings.append(
+                    _finding(store, loader, spec, key, kind, (b0, b1), c, load_now, load_base,
+                             now, alertname)
+                )
+            break
+    return findings
+
+
+def _related(
+    loader: _Loader,
+    spec: RegressionSpec,
+    key: GroupKey,
+    base_window: tuple[float, float],
+    now: float,
+) -> tuple[str, ...]:
+    target, labels = key
+    names = spec.related if spec.related is not None else DEFAULT_RELATED
+    want = _load_match(labels)
+    out: list[str] = []
+    recent_start = now - spec.recent_window
+    for name in names:
+        if name == spec.series or name == spec.load_series:
+            continue
+        cur_data = loader.get(name, recent_start, now + spec.step, want, target)
+        base_data = loader.get(name, base_window[0], base_window[1], want, target)
+
+        def pick(data: list[SeriesData]) -> list[float]:
+            kept = [sd for sd in data
+                    if all(dict(sd.labels).get(k) == v for k, v in want.items())]
+            merged = group_points(kept, ()).get((target, ()), {})
+            return list(merged.values())
+
+        cur, base = pick(cur_data), pick(base_data)
+        if not cur:
+            continue
+        label, unit = display(name)
+        c = float(np.median(cur))
+        text = f"{label} {fmt_value(c, unit)}"
+        if base:
+            text += f" ({fmt_change(c, float(np.median(base)))})"
+        out.append(text)
+    return tuple(out)
+
+
+def _finding(
+    store: Store,
+    loader: _Loader,
+    spec: RegressionSpec,
+    key: GroupKey,
+    kind: str,
+    base_window: tuple[float, float],
+    c: Comparison,
+    load_now: float | None,
+    load_base: float | None,
+    now: float,
+    alertname: str | None,
+) -> Finding:
+    del store  # related series come through the loader's cache
+    target, labels = key
+    label, unit = display(spec.series)
+    against = (
+        "the same hours last week" if kind == "week_ago"
+        else f"the {fmt_duration(spec.baseline_window)} before"
+    )
+    short_against = (
+        "last week" if kind == "week_ago" else f"last {fmt_duration(spec.baseline_window)}"
+    )
+    related = _related(loader, spec, key, base_window, now)
+    where = ", ".join(f"{k}={v}" for k, v in labels) or "all"
+    summary = (
+        f"{label[:1].upper()}{label[1:]} {fmt_change(c.current, c.baseline)} vs {short_against}"
+        + ("; " + "; ".join(related) if related else "")
+    )
+    if load_now is not None and load_base is not None:
+        load_text = (
+            f"load {fmt_value(load_now, 'req/s')} now vs {fmt_value(load_base, 'req/s')} "
+            f"({fmt_change(load_now, load_base)}, within ±{spec.load_tolerance * 100:.0f} %)"
+        )
+    elif spec.load_series is None:
+        load_text = "load not checked"
+    else:
+        load_text = "load unknown (no request rate)"
+    description = (
+        f"{label} of {where} on {target}: median {fmt_value(c.current, unit)} over the last "
+        f"{fmt_duration(spec.recent_window)} against {fmt_value(c.baseline, unit)} over "
+        f"{against} ({kind}); change {c.change * 100:+.1f} % (min {spec.min_effect * 100:.0f} %), "
+        f"robust z {c.z:+.1f}, Mann-Whitney p {c.p_value:.1g}, "
+        f"{c.n_recent} vs {c.n_baseline} points; {load_text}."
+        + (" Moved with it: " + "; ".join(related) + "." if related else "")
+    )
+    ann: dict[str, str] = {
+        "summary": summary,
+        "description": description,
+        "baseline": kind,
+        "baseline_window": fmt_duration(spec.baseline_window),
+        "current_value": f"{c.current:.6g}",
+        "baseline_value": f"{c.baseline:.6g}",
+        "change_percent": f"{c.change * 100:.1f}",
+        "robust_z": f"{c.z:.2f}",
+        "p_value": f"{c.p_value:.2g}",
+    }
+    if load_now is not None:
+        ann["load_current"] = f"{load_now:.6g}"
+    if load_base is not None:
+        ann["load_baseline"] = f"{load_base:.6g}"
+    ann.update(spec.annotations)
+    lbl = {"alertname": alertname or spec.name, "rule": spec.name, "target": target}
+    lbl.update(dict(labels))
+    lbl.update(spec.labels)
+    candidate = AlertCandidate(make_labels(lbl), make_labels(ann), c.change)
+    return Finding(target, labels, kind, c, load_now, load_base, related, candidate)
+
+
+@dataclass
+class RegressionRule:
+    """A :class:`alerts.model.Rule` running :func:`detect` for one :class:`RegressionSpec`."""
+
+    spec: RegressionSpec
+    alertname: str | None = None
+    name: str = field(init=False)
+    for_s: float = field(init=False)
+    keep_firing_for_s: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.name = self.spec.name
+        self.for_s = self.spec.for_s
+        self.keep_firing_for_s = self.spec.keep_firing_for_s
+        if self.alertname is None:
+            self.alertname = self.spec.labels.get("alertname", self.spec.name)
+
+    def evaluate(self, store: Store, now: float) -> list[AlertCandidate]:
+        return [f.candidate for f in detect(store, self.spec, now, alertname=self.alertname)]
+
+
+def regression_rules(specs: Sequence[RegressionSpec]) -> list[Rule]:
+    """One rule per spec (the rules file's ``regressions``)."""
+    return [RegressionRule(spec) for spec in specs]

@@ -1,0 +1,77 @@
+"""Alertmanager API v2: ``POST <base>/api/v2/alerts``, exactly as Prometheus sends.
+
+Body (slo-alerting.md §3.2): a JSON list of ``{labels, annotations, startsAt, endsAt,
+generatorURL}``.  ``startsAt`` is when the alert fired; ``endsAt`` is computed by the
+Dispatcher (now + 4 x max(eval_interval, resend_delay) while firing, the resolution time once
+resolved).  One notifier per Alertmanager: in an HA cluster every instance gets every alert.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import httpx
+
+from alerts.notify.base import (
+    OutgoingAlert,
+    post_json,
+    redact_url,
+    register_secrets,
+    rfc3339,
+    secrets_of,
+)
+
+API_PATH = "/api/v2/alerts"
+
+
+def postable_alert(alert: OutgoingAlert) -> dict[str, Any]:
+    """One element of Alertmanager's ``postableAlerts``."""
+    body: dict[str, Any] = {
+        "labels": dict(alert.labels),
+        "annotations": dict(alert.annotations),
+        "startsAt": rfc3339(alert.starts_at),
+        "endsAt": rfc3339(alert.ends_at),
+    }
+    if alert.generator_url:
+        body["generatorURL"] = alert.generator_url
+    return body
+
+
+class AlertmanagerNotifier:
+    """Posts batches to one Alertmanager (``base_url`` like ``http://am:9093``)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        timeout: float = 10.0,
+        headers: Mapping[str, str] | None = None,
+        client: httpx.Client | None = None,
+    ) -> None:
+        self.url = base_url.rstrip("/") + API_PATH
+        self.timeout = timeout
+        self.headers = dict(headers or {})
+        self._secrets = secrets_of(self.url, self.headers)
+        register_secrets(self._secrets)
+        self._client = client or httpx.Client(timeout=timeout, follow_redirects=False)
+        self._owns_client = client is None
+
+    @property
+    def name(self) -> str:
+        return f"alertmanager {redact_url(self.url)}"
+
+    def __repr__(self) -> str:
+        return f"AlertmanagerNotifier({redact_url(self.url)!r})"
+
+    def notify(self, alerts: Sequence[OutgoingAlert]) -> None:
+        if not alerts:
+            return
+        post_json(
+            self._client, self.url, [postable_alert(a) for a in alerts],
+            headers=self.headers, secrets=self._secrets, timeout=self.timeout,
+        )
+
+    def close(self) -> None:
+        if self._owns_client:
+            self._client.close()

@@ -1,0 +1,207 @@
+"""Shared pieces of the side-by-side benchmarks: a simulated Triton fleet, process accounting.
+
+The fleet runs in a **separate process** (its CPU is in no figure): one ``ThreadingHTTPServer``
+on 127.0.0.1 serving ``/t/<i>/metrics`` for target ``i``.  Each target is its own server shape
+(``bench.payloads.triton_payload(seed=i)``: its own GPU UUIDs, rates and series order), turned
+into a template once: the series are listed in the same order on every scrape, as Triton's
+prometheus-cpp does (``triton_payload`` itself reshuffles series inside a family per step), and
+counter values advance linearly with the number of requests that target has answered (step
+``n`` prints ``v0 + n * (v1 - v0)`` from the payloads of steps 0 and 1; gauges keep their step-0
+value), so every scrape of every scraper sees counters grow.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from multiprocessing.connection import Connection
+from typing import Any
+
+from bench.ingest import process_tree_cpu
+from bench.payloads import triton_payload
+
+__all__ = [
+    "Fleet",
+    "Template",
+    "http_get",
+    "peak_rss_mib",
+    "process_tree_cpu",
+    "rss_mib",
+    "simulated_fleet",
+]
+
+
+class Template:
+    """One simulated server: fixed series order, values ``v0 + step * (v1 - v0)``."""
+
+    def __init__(self, seed: int, models: int, gpus: int) -> None:
+        first = triton_payload(models=models, gpus=gpus, seed=seed, step=0).splitlines()
+        second = triton_payload(models=models, gpus=gpus, seed=seed, step=1).splitlines()
+        later = {}
+        for line in second:
+            if line and line[0] != "#":
+                head, _, value = line.rpartition(" ")
+                later[head] = value
+        self.parts: list[tuple[str, float, float] | str] = []
+        typ = ""
+        for line in first:
+            if not line or line[0] == "#":
+                if line.startswith("# TYPE "):
+                    typ = line.rsplit(" ", 1)[1]
+                self.parts.append(line)
+                continue
+            head, _, value = line.rpartition(" ")
+            v0, v1 = float(value), float(later.get(head, value))
+            # Counters (and histogram/summary counts and sums) advance; gauges and quantiles
+            # keep their first value, so related gauges (KV-cache used/free/max) stay coherent.
+            grows = typ == "counter" or (
+                typ in ("histogram", "summary") and "quantile=" not in head
+            )
+            dv = v1 - v0 if grows and v1 == v1 and v0 == v0 else 0.0
+            self.parts.append((head + " ", v0, dv))
+        self.series = sum(1 for p in self.parts if not isinstance(p, str))
+
+    def render(self, step: int) -> bytes:
+        out = []
+        for p in self.parts:
+            if isinstance(p, str):
+                out.append(p)
+            else:
+                head, v0, dv = p
+                v = v0 + step * dv
+                out.append(head + ("NaN" if v != v else repr(v) if v != int(v) else str(int(v))))
+        out.append("")
+        return "\n".join(out).encode()
+
+
+def _serve(conn: Connection, targets: int, models: int, gpus: int) -> None:
+    templates = [Template(i, models, gpus) for i in range(targets)]
+    steps = [0] * targets
+    served = [0]
+    lock = threading.Lock()
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, as prometheus-cpp
+
+        def do_GET(self) -> None:
+            parts = self.path.strip("/").split("/")
+            if len(parts) == 3 and parts[0] == "t" and parts[2] == "metrics":
+                i = int(parts[1])
+                with lock:
+                    step = steps[i]
+                    steps[i] += 1
+                    served[0] += 1
+                self._send(templates[i].render(step))
+            elif parts == ["served"]:
+                self._send(str(served[0]).encode())
+            else:
+                self.send_error(404)
+
+        def _send(self, body: bytes) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    class Server(ThreadingHTTPServer):
+        daemon_threads = True
+        request_queue_size = 1024
+
+        def handle_error(self, request: Any, client_address: Any) -> None:
+            pass  # a scraper dropping a connection at shutdown is not news
+
+    server = Server(("127.0.0.1", 0), Handler)
+    size = len(templates[0].render(0)) if templates else 0
+    conn.send((server.server_address[1], templates[0].series if templates else 0, size))
+    server.serve_forever()
+
+
+@dataclass
+class Fleet:
+    port: int
+    pid: int
+    series: int  # per target
+    payload_bytes: int
+
+    def url(self, i: int) -> str:
+        return f"http://127.0.0.1:{self.port}/t/{i}/metrics"
+
+    def path(self, i: int) -> str:
+        return f"/t/{i}/metrics"
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def served(self) -> int:
+        return int(http_get(f"http://127.0.0.1:{self.port}/served"))
+
+
+@contextmanager
+def simulated_fleet(targets: int, *, models: int = 20, gpus: int = 8) -> Iterator[Fleet]:
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_serve, args=(child, targets, models, gpus), daemon=True)
+    proc.start()
+    try:
+        if not parent.poll(600):
+            raise RuntimeError("simulated Triton fleet did not start within 600 s")
+        port, series, size = parent.recv()
+        assert proc.pid is not None
+        yield Fleet(port, proc.pid, series, size)
+    finally:
+        proc.terminate()
+        proc.join(10)
+
+
+def http_get(url: str, timeout: float = 10.0) -> str:
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        body: bytes = r.read()
+    return body.decode()
+
+
+def _status_kib(pid: int, field: str) -> int:
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def peak_rss_mib(pid: int) -> float:
+    """Peak resident set size (VmHWM) of ``pid`` so far, MiB."""
+    return _status_kib(pid, "VmHWM") / 1024
+
+
+def rss_mib(pid: int) -> float:
+    return _status_kib(pid, "VmRSS") / 1024
+
+
+def wait_until(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if predicate():
+                return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"timed out after {timeout:g} s waiting for {what}")
+
+
+def cpu_count() -> int:
+    return os.cpu_count() or 1

@@ -1,0 +1,169 @@
+"""How many ~600-series targets one collector process keeps on a 15 s interval.
+
+    .venv/bin/python -m bench.fleet [--targets 1000,2000] [--interval 15] [--duration 90]
+        [--models 7 --gpus 2]
+
+For each fleet size, a simulated fleet (``bench.common``: 7 models, 2 GPUs, TRT-LLM families:
+566 series per target, each target its own GPU UUIDs; a separate process, excluded) is scraped
+by ``tritonwatch serve`` (one process, SQLite, default settings except the targets) for one
+interval of warm-up plus ``--duration`` seconds.  A size is **kept** when no scrape was missed:
+
+* every target has a stored ``up`` sample for every interval of the window (at least
+  ``floor(window / interval)`` of them), all with ``up = 1``;
+* the scheduler reported no missed run (``tritonwatch_job_missed_total`` on /metrics).
+
+Reported per size: scrapes expected and found, the slowest scrape (``scrape_duration_seconds``),
+CPU of the process over the window (as a share of one core), and peak RSS (VmHWM).  With
+``--interval`` below 15 the run is time-scaled: the load per second is 15/interval times that of
+a real 15 s fleet of the same size, which says so in the output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+import yaml
+
+from bench.common import (
+    Fleet,
+    http_get,
+    peak_rss_mib,
+    process_tree_cpu,
+    rss_mib,
+    simulated_fleet,
+    wait_until,
+)
+from tests.fixtures_pg import _free_port
+
+
+@dataclass
+class Size:
+    targets: int
+    series: int
+    window_s: float
+    expected: int  # scrapes per target at least
+    short_targets: int  # targets with fewer stored scrapes than expected
+    down: int  # up = 0 samples
+    missed_jobs: float
+    slowest_scrape_s: float
+    cpu_s: float
+    peak_rss_mib: float
+    end_rss_mib: float
+
+    @property
+    def kept(self) -> bool:
+        return self.short_targets == 0 and self.down == 0 and self.missed_jobs == 0
+
+
+def _missed(port: int) -> float:
+    """Missed scrape runs the scheduler reported; inf when the API does not even answer."""
+    total = 0.0
+    try:
+        text = http_get(f"http://127.0.0.1:{port}/metrics", timeout=30)
+    except OSError:
+        return math.inf  # an event loop too busy to answer is not keeping its schedule either
+    for line in text.splitlines():
+        if line.startswith("tritonwatch_job_missed_total") and 'job="scrape"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def run_size(fleet: Fleet, targets: int, interval: float, duration: float) -> Size:
+    with tempfile.TemporaryDirectory(prefix="tw-fleet-") as tmp:
+        port = _free_port()
+        db = f"{tmp}/tw.db"
+        config = {
+            "version": 1,
+            "targets": [{"name": f"triton-{i}", "metrics_url": fleet.url(i)}
+                        for i in range(targets)],
+            "scrape": {"interval": f"{interval:g}s", "timeout": f"{min(interval, 10):g}s"},
+            "store": {"url": f"sqlite:///{db}"},
+            "api": {"listen": f"127.0.0.1:{port}"},
+        }
+        path = os.path.join(tmp, "tritonwatch.yaml")
+        with open(path, "w", encoding="utf-8") as f:
+            yaml.safe_dump(config, f)
+        exe = os.path.join(os.path.dirname(sys.executable), "tritonwatch")
+        proc = subprocess.Popen([exe, "serve", "--config", path], cwd=tmp,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            wait_until(lambda: http_get(f"http://127.0.0.1:{port}/api/v1/targets") != "", 120,
+                       "tritonwatch serve to answer")
+            time.sleep(interval + 2)  # every target scraped once: series created, baselines
+            c0, t0, wall0 = process_tree_cpu(proc.pid), time.perf_counter(), time.time()
+            time.sleep(duration)
+            c1, t1, wall1 = process_tree_cpu(proc.pid), time.perf_counter(), time.time()
+            missed = _missed(port)
+            peak, end_rss = peak_rss_mib(proc.pid), rss_mib(proc.pid)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=300)
+        if proc.returncode:
+            tail = err.decode()[-2000:]
+            raise RuntimeError(f"tritonwatch serve exited {proc.returncode}: {tail}")
+        expected = math.floor((wall1 - wall0) / interval)
+        lo, hi = round(wall0 * 1000), round(wall1 * 1000)
+        with sqlite3.connect(db) as conn:
+            rows = conn.execute(
+                "SELECT s.target, count(*), sum(x.value = 0) FROM series s "
+                "JOIN samples x ON x.series_id = s.id "
+                "WHERE s.name = 'up' AND x.ts >= ? AND x.ts < ? GROUP BY s.target", (lo, hi),
+            ).fetchall()
+            slowest = conn.execute(
+                "SELECT max(x.value) FROM series s JOIN samples x ON x.series_id = s.id "
+                "WHERE s.name = 'scrape_duration_seconds' AND x.ts >= ? AND x.ts < ?", (lo, hi),
+            ).fetchone()[0]
+    found = {target: n for target, n, _ in rows}
+    short = sum(1 for i in range(targets) if found.get(f"triton-{i}", 0) < expected)
+    down = sum(int(d or 0) for _, _, d in rows)
+    return Size(targets, fleet.series, t1 - t0, expected, short, down, missed,
+                float(slowest or 0.0), c1 - c0, peak, end_rss)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--targets", default="1000,2000", help="fleet sizes, comma-separated")
+    parser.add_argument("--interval", type=float, default=15.0)
+    parser.add_argument("--duration", type=float, default=90.0, help="measured window, s")
+    parser.add_argument("--models", type=int, default=7)
+    parser.add_argument("--gpus", type=int, default=2)
+    args = parser.parse_args()
+    sizes = [int(x) for x in args.targets.split(",")]
+    scaled = "" if args.interval >= 15 else (
+        f" (TIME-SCALED: {15 / args.interval:g}x the load of a 15 s interval)"
+    )
+    print(f"Fleet benchmark: one tritonwatch serve (SQLite), interval {args.interval:g} s"
+          f"{scaled}, {args.duration:g} s measured per size, {os.cpu_count()} CPUs")
+    head = (f"{'targets':>7} {'series':>9} {'samples/s':>9} {'scrapes/target':>14} "
+            f"{'short':>5} {'down':>4} {'missed':>6} {'slowest s':>9} {'CPU %':>6} "
+            f"{'peak RSS MiB':>12} {'kept':>5}")
+    results = []
+    for n in sizes:
+        with simulated_fleet(n, models=args.models, gpus=args.gpus) as fleet:
+            print(f"  {n} targets x {fleet.series} series ({fleet.payload_bytes / 1024:.0f} KiB "
+                  "per scrape) ...", flush=True)
+            r = run_size(fleet, n, args.interval, args.duration)
+        results.append(r)
+        print(head)
+        print(f"{r.targets:>7} {r.targets * r.series:>9,} "
+              f"{r.targets * r.series / args.interval:>9,.0f} {r.expected:>14} "
+              f"{r.short_targets:>5} {r.down:>4} {r.missed_jobs:>6.0f} {r.slowest_scrape_s:>9.2f} "
+              f"{100 * r.cpu_s / r.window_s:>6.0f} {r.peak_rss_mib:>12.0f} "
+              f"{'yes' if r.kept else 'NO':>5}", flush=True)
+    kept = [r.targets for r in results if r.kept]
+    print()
+    print(f"largest size kept: {max(kept) if kept else 'none'} targets; target: >= 1,000 "
+          "targets x ~600 series at 15 s, no missed scrape, RSS < 500 MB")
+
+
+if __name__ == "__main__":
+    main()

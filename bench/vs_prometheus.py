@@ -1,0 +1,233 @@
+"""Tritonwatch next to Prometheus: samples ingested per CPU-second on the same targets.
+
+    .venv/bin/python -m bench.vs_prometheus [--targets 20] [--interval 1] [--duration 45]
+        [--warmup 12] [--backend sqlite|postgres|both]
+
+A simulated fleet (``bench.common.simulated_fleet``: N targets of ~2,900 series, 20 models,
+8 GPUs, TRT-LLM families, counters advancing on every scrape; a separate process whose CPU is
+in no figure) is scraped **in turn** by
+
+1. a real Prometheus (``/usr/bin/prometheus``, the Debian package) at ``--interval``;
+2. ``tritonwatch serve`` (a subprocess, as deployed) storing into SQLite;
+3. ``tritonwatch serve`` storing into a throwaway PostgreSQL 15 (durable: fsync on).
+
+Each runs ``--warmup`` seconds (series creation, rate baselines), then is measured over the
+next ``--duration`` seconds:
+
+* samples: Prometheus's ``prometheus_tsdb_head_samples_appended_total`` (every exposed
+  sample, NaN included, plus its 5 synthetic ``up``-style samples per scrape); tritonwatch's
+  rows in ``samples`` (exposed samples except NaN, the derived SLIs, 3 ``up``-style samples
+  per scrape).  Both are read at the start and the end of the window;
+* CPU: user+system of the scraper process (all threads) from /proc, plus for PostgreSQL its
+  postmaster and every backend (the database server's CPU counts).  Row counts are read outside
+  the CPU window, so counting costs no one;
+* peak RSS: VmHWM of the scraper process (PostgreSQL's shared buffers not included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+import psycopg
+import yaml
+
+from bench.common import (
+    Fleet,
+    http_get,
+    peak_rss_mib,
+    process_tree_cpu,
+    simulated_fleet,
+    wait_until,
+)
+from bench.ingest import postgres_backend
+from collector.parse import parse
+from schemas.samples import label_value
+from tests.fixtures_pg import _free_port
+
+PROMETHEUS = "/usr/bin/prometheus"
+
+
+@dataclass
+class Result:
+    who: str
+    samples: int
+    window_s: float
+    cpu_s: float  # scraper process
+    db_cpu_s: float  # PostgreSQL server (0 for SQLite: it runs inside the scraper)
+    peak_rss_mib: float
+
+    @property
+    def total_cpu_s(self) -> float:
+        return self.cpu_s + self.db_cpu_s
+
+    @property
+    def per_cpu_s(self) -> float:
+        return self.samples / self.total_cpu_s
+
+
+def _prom_appended(port: int) -> int:
+    total = 0.0
+    for line in http_get(f"http://127.0.0.1:{port}/metrics").splitlines():
+        if line.startswith("prometheus_tsdb_head_samples_appended_total"):
+            total += float(line.rsplit(" ", 1)[1])
+    return int(total)
+
+
+def run_prometheus(fleet: Fleet, targets: int, interval: float, warmup: float,
+                   duration: float) -> Result:
+    with tempfile.TemporaryDirectory(prefix="tw-vs-prom-") as tmp:
+        config = {
+            "global": {"scrape_interval": f"{interval:g}s", "scrape_timeout": f"{interval:g}s"},
+            "scrape_configs": [{
+                "job_name": "triton",
+                "static_configs": [
+                    {"targets": [fleet.address],
+                     "labels": {"__metrics_path__": fleet.path(i), "target": f"triton-{i}"}}
+                    for i in range(targets)
+                ],
+            }],
+        }
+        path = os.path.join(tmp, "prometheus.yml")
+        with open(path, "w", encoding="utf-8") as f:
+            yaml.safe_dump(config, f)
+        port = _free_port()
+        proc = subprocess.Popen(
+            [PROMETHEUS, f"--config.file={path}", f"--storage.tsdb.path={tmp}/data",
+             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        try:
+            wait_until(lambda: "Ready" in http_get(f"http://127.0.0.1:{port}/-/ready"), 60,
+                       "Prometheus to be ready")
+            time.sleep(warmup)
+            n0, c0, t0 = _prom_appended(port), process_tree_cpu(proc.pid), time.perf_counter()
+            time.sleep(duration)
+            c1, t1 = process_tree_cpu(proc.pid), time.perf_counter()
+            n1 = _prom_appended(port)
+            rss = peak_rss_mib(proc.pid)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(60)
+    return Result("prometheus 2.42", n1 - n0, t1 - t0, c1 - c0, 0.0, rss)
+
+
+def _models(fleet: Fleet) -> list[str]:
+    families = parse(http_get(fleet.url(0)))
+    return sorted({label_value(s.labels, "model") for f in families for s in f.samples} - {""})
+
+
+def run_tritonwatch(fleet: Fleet, targets: int, interval: float, warmup: float, duration: float,
+                    *, url: str, who: str, db_pid: int | None) -> Result:
+    models = _models(fleet)
+    with tempfile.TemporaryDirectory(prefix="tw-vs-tw-") as tmp:
+        port = _free_port()
+        config = {
+            "version": 1,
+            "targets": [
+                {"name": f"triton-{i}", "metrics_url": fleet.url(i),
+                 "max_batch_size": dict.fromkeys(models, 8)}
+                for i in range(targets)
+            ],
+            "scrape": {"interval": f"{interval:g}s", "timeout": f"{interval:g}s"},
+            "store": {"url": url},
+            "api": {"listen": f"127.0.0.1:{port}"},
+        }
+        path = os.path.join(tmp, "tritonwatch.yaml")
+        with open(path, "w", encoding="utf-8") as f:
+            yaml.safe_dump(config, f)
+        exe = os.path.join(os.path.dirname(sys.executable), "tritonwatch")
+        proc = subprocess.Popen([exe, "serve", "--config", path], cwd=tmp,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+        def count() -> int:
+            if url.startswith("sqlite:///"):
+                with sqlite3.connect(url.removeprefix("sqlite:///")) as conn:
+                    return int(conn.execute("SELECT count(*) FROM samples").fetchone()[0])
+            with psycopg.connect(url.replace("postgresql+psycopg", "postgresql")) as conn:
+                row = conn.execute("SELECT count(*) FROM samples").fetchone()
+                assert row is not None
+                return int(row[0])
+
+        def db_cpu() -> float:
+            return process_tree_cpu(db_pid) if db_pid else 0.0
+
+        try:
+            wait_until(lambda: http_get(f"http://127.0.0.1:{port}/api/v1/targets") != "", 60,
+                       "tritonwatch serve to answer")
+            time.sleep(warmup)
+            # Counts outside the CPU window: counting costs neither side.
+            n0 = count()
+            c0, d0, t0 = process_tree_cpu(proc.pid), db_cpu(), time.perf_counter()
+            time.sleep(duration)
+            c1, d1, t1 = process_tree_cpu(proc.pid), db_cpu(), time.perf_counter()
+            n1 = count()
+            rss = peak_rss_mib(proc.pid)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=120)
+        if proc.returncode:
+            tail = err.decode()[-2000:]
+            raise RuntimeError(f"tritonwatch serve exited {proc.returncode}: {tail}")
+    return Result(who, n1 - n0, t1 - t0, c1 - c0, d1 - d0, rss)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--targets", type=int, default=20)
+    parser.add_argument("--interval", type=float, default=1.0, help="scrape interval, seconds")
+    parser.add_argument("--warmup", type=float, default=12.0)
+    parser.add_argument("--duration", type=float, default=45.0, help="measured window, seconds")
+    parser.add_argument("--backend", choices=("sqlite", "postgres", "both"), default="both")
+    args = parser.parse_args()
+
+    print(f"Tritonwatch vs Prometheus: {args.targets} simulated targets, scrape interval "
+          f"{args.interval:g} s, {args.warmup:g} s warm-up + {args.duration:g} s measured each, "
+          f"{os.cpu_count()} CPUs")
+    results: list[Result] = []
+    with simulated_fleet(args.targets) as fleet:
+        print(f"payload: {fleet.series:,} series, {fleet.payload_bytes / 1024:.0f} KiB per "
+              "scrape per target, series order fixed, counters advance every scrape")
+        results.append(run_prometheus(fleet, args.targets, args.interval, args.warmup,
+                                      args.duration))
+        if args.backend in ("sqlite", "both"):
+            with tempfile.TemporaryDirectory(prefix="tw-vs-db-") as tmp:
+                results.append(run_tritonwatch(
+                    fleet, args.targets, args.interval, args.warmup, args.duration,
+                    url=f"sqlite:///{tmp}/tw.db", who="tritonwatch sqlite", db_pid=None,
+                ))
+        if args.backend in ("postgres", "both"):
+            with postgres_backend(durable=True) as backend:
+                url = backend.new_database("tw_vs_prometheus")
+                results.append(run_tritonwatch(
+                    fleet, args.targets, args.interval, args.warmup, args.duration,
+                    url=url, who="tritonwatch postgres", db_pid=backend.server_pid,
+                ))
+        fleet_cpu = process_tree_cpu(fleet.pid)
+
+    head = (f"{'scraper':<22} {'samples':>10} {'samples/s':>10} {'proc CPU s':>10} "
+            f"{'DB CPU s':>9} {'samples/CPU-s':>13} {'vs prom':>8} {'peak RSS MiB':>12}")
+    print()
+    print(head)
+    print("-" * len(head))
+    ref = results[0].per_cpu_s
+    for r in results:
+        db = f"{r.db_cpu_s:9.2f}" if r.db_cpu_s else f"{'-':>9}"
+        print(f"{r.who:<22} {r.samples:>10,} {r.samples / r.window_s:>10,.0f} {r.cpu_s:10.2f} "
+              f"{db} {r.per_cpu_s:>13,.0f} {r.per_cpu_s / ref:>8.1%} {r.peak_rss_mib:>12.0f}")
+    print()
+    print("samples: Prometheus = head samples appended (NaN kept, +5 synthetic per scrape); "
+          "tritonwatch = rows stored (NaN skipped, + derived SLIs, +3 synthetic per scrape)")
+    print(f"target: tritonwatch >= 50% of Prometheus's samples/CPU-s on each backend; the "
+          f"simulated fleet (excluded) used {fleet_cpu:.1f} CPU s in all")
+
+
+if __name__ == "__main__":
+    main()

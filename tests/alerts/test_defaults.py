@@ -1,0 +1,178 @@
+"""The built-in rules (alerts/defaults.py): each fires on its fault and stays quiet on steady
+noisy traffic and on a traffic drop.  Data: bench.detection's generator, in a real SQLite store."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import alerts.defaults
+from alerts.defaults import default_rules
+from alerts.model import Rule
+from bench.detection import HISTORY_S, SPAN_S, T0, Scenario, samples
+from schemas.regressions import DEFAULT_RULE_NAMES, DefaultsSpec
+from schemas.samples import Sample, TargetHealth, make_labels
+from store import Store, open_store
+
+START = T0 + HISTORY_S  # evaluated span begins
+ONSET = START + 20 * 60
+M = make_labels({"model": "llm", "version": "1"})
+
+
+@pytest.fixture
+def store(tmp_path) -> Iterator[Store]:
+    s = open_store(f"sqlite:///{tmp_path}/tw.db")
+    s.create_schema()
+    yield s
+    s.close()
+
+
+def load(store: Store, *scs: Scenario, seed: int = 1) -> None:
+    rng = np.random.default_rng(seed)
+    for sc in scs:
+        for ts, ss in samples(sc, rng):
+            store.write(sc.target, ts, ss)
+    store.flush()
+
+
+def rule(name: str, spec: DefaultsSpec | None = None) -> Rule:
+    (r,) = [r for r in default_rules(spec) if r.name == name]
+    return r
+
+
+def test_all_defaults_documented() -> None:
+    rules = default_rules(None)
+    assert [r.name for r in rules] == list(DEFAULT_RULE_NAMES)
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    section = readme.split("## Built-in alerts", 1)[1].split("\n## ", 1)[0]
+    doc = alerts.defaults.__doc__ or ""
+    for r in rules:
+        assert r.for_s >= 0 and r.keep_firing_for_s >= 0
+        assert f"``{r.name}``" in doc
+        assert f"`{r.name}`" in section
+
+
+def test_defaults_spec_disable_enable_override() -> None:
+    assert default_rules(DefaultsSpec(enabled=False)) == []
+    names = [r.name for r in default_rules(DefaultsSpec(disable=["target_down"]))]
+    assert "target_down" not in names and len(names) == len(DEFAULT_RULE_NAMES) - 1
+    spec = DefaultsSpec.model_validate({"overrides": {
+        "kv_cache_saturation": {"threshold": 0.99, "for": "15m"},
+        "ttft_regression": {"min_effect": 0.5, "keep_firing_for": "1h", "baseline": "trailing"},
+    }})
+    kv = rule("kv_cache_saturation", spec)
+    assert (kv.for_s, getattr(kv, "threshold")) == (900.0, 0.99)  # noqa: B009
+    ttft = rule("ttft_regression", spec)
+    assert ttft.keep_firing_for_s == 3600.0
+    assert getattr(ttft, "spec").min_effect == 0.5  # noqa: B009
+    with pytest.raises(ValueError, match="unknown built-in rule"):
+        DefaultsSpec(disable=["no_such_rule"])
+
+
+# (kind, size, rule, minutes after onset when the condition must hold)
+FAULTS = [
+    ("fill_drop", 0.3, "batch_fill_rate_regression", 20),
+    ("kv_filling", 30.0, "kv_cache_saturation", 29),
+    ("kv_filling", 30.0, "kv_cache_exhaustion_forecast", 15),
+    ("kv_filling", 60.0, "kv_cache_regression", 30),
+    ("gpu_util_drop", 0.3, "gpu_utilization_regression", 20),
+    ("gpu_idle", 1.0, "gpu_idle_while_queued", 3),
+    ("ttft_increase", 0.5, "ttft_regression", 20),
+    ("itl_increase", 0.5, "itl_regression", 20),
+    ("failure_spike", 0.1, "failure_ratio_spike", 4),
+    ("target_down", 60.0, "target_down", 1),
+]
+
+
+@pytest.mark.parametrize(("kind", "size", "name", "after"), FAULTS,
+                         ids=[f[2] for f in FAULTS])
+def test_fires_on_its_fault(store: Store, kind: str, size: float, name: str,
+                            after: int) -> None:
+    sc = Scenario(kind, size, 0, ONSET)
+    load(store, sc)
+    r = rule(name)
+    assert r.evaluate(store, ONSET - 60) == []
+    cands = r.evaluate(store, ONSET + after * 60)
+    assert len(cands) == 1, cands
+    labels = dict(cands[0].labels)
+    assert labels["target"] == sc.target and labels["rule"] == name
+    assert labels["alertname"][0].isupper()
+    ann = dict(cands[0].annotations)
+    assert re.search(r"\d", ann["summary"]) or name == "target_down", ann
+    assert re.search(r"\d", ann["description"]), ann
+    # Nothing that moves is a label.
+    assert not any(re.fullmatch(r"[\d.]+", v) for k, v in labels.items() if k != "version")
+
+
+@pytest.mark.parametrize(("kind", "size"), [("steady", 0.0), ("traffic_drop", 0.5)])
+@pytest.mark.parametrize("seed", [1, 2])
+def test_quiet_on_steady_traffic_and_traffic_drop(store: Store, kind: str, size: float,
+                                                  seed: int) -> None:
+    load(store, Scenario(kind, size, 0, ONSET), seed=seed)
+    rules = default_rules(None)
+    t = START
+    while t <= START + SPAN_S:
+        for r in rules:
+            assert r.evaluate(store, t) == [], (r.name, t - ONSET)
+        t += 600.0
+
+
+def test_annotation_numbers(store: Store) -> None:
+    load(store, Scenario("ttft_increase", 0.5, 0, ONSET))
+    (c,) = rule("ttft_regression").evaluate(store, ONSET + 25 * 60)
+    ann = dict(c.annotations)
+    assert re.match(r"TTFT \+\d+ % vs last 4 h", ann["summary"]), ann["summary"]
+    assert "KV-cache utilization" in ann["summary"] and "queue time" in ann["summary"]
+    assert 35 <= float(ann["change_percent"]) <= 65
+    assert dict(c.labels)["probe"] == "p-ttft_increase-0.5-0"
+
+
+def test_failure_spike_needs_traffic(store: Store) -> None:
+    fail = make_labels({**dict(M), "reason": "timeout"})
+    for i in range(200):
+        ts = START + i * 30.0
+        store.write("quiet", ts, [Sample("sli:request_rate", M, 0.05),
+                                  Sample("sli:failure_rate", fail, 0.05 if i > 150 else 0.0)])
+    store.flush()
+    now = START + 199 * 30.0
+    assert rule("failure_ratio_spike").evaluate(store, now) == []
+    spec = DefaultsSpec.model_validate({"overrides": {"failure_ratio_spike": {"min_traffic": 0}}})
+    (c,) = rule("failure_ratio_spike", spec).evaluate(store, now)
+    assert dict(c.labels)["reason"] == "timeout"
+    assert float(dict(c.annotations)["failure_ratio"]) == pytest.approx(0.5)
+
+
+def test_target_down_when_scrapes_stop(store: Store) -> None:
+    for i in range(20):
+        store.write("gone", START + i * 30.0, [Sample("up", (), 1.0)])
+    store.flush()
+    last = START + 19 * 30.0
+    r = rule("target_down")
+    assert r.evaluate(store, last + 60) == []
+    (c,) = r.evaluate(store, last + 300)
+    assert "not been scraped" in dict(c.annotations)["description"]
+    assert dict(c.labels) == {"alertname": "TargetDown", "rule": "target_down",
+                              "target": "gone", "severity": "critical"}
+
+
+def test_target_down_from_health(store: Store) -> None:
+    store.write_health(TargetHealth("h1", "metrics", START, False, 0.1, 0, "connection refused"))
+    store.flush()
+    (c,) = rule("target_down").evaluate(store, START + 10)
+    assert "connection refused" in dict(c.annotations)["description"]
+
+
+def test_gpu_idle_from_triton_metrics_only(store: Store) -> None:
+    g = make_labels({"gpu_uuid": "GPU-0"})
+    for i in range(10):
+        store.write("t", START + i * 30.0, [Sample("sli:gpu_utilization", g, 0.02),
+                                            Sample("sli:pending_requests", M, 6.0)])
+    store.flush()
+    now = START + 9 * 30.0
+    (c,) = rule("gpu_idle_while_queued").evaluate(store, now)
+    assert dict(c.labels)["gpu_uuid"] == "GPU-0"
+    assert "pending" in dict(c.annotations)["summary"]

@@ -1,0 +1,192 @@
+"""Regression detection (alerts/detect.py) against a real SQLite store."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import pytest
+
+from alerts.detect import (
+    WEEK_S,
+    RegressionRule,
+    detect,
+    fmt_change,
+    mann_whitney_p,
+    regression_rules,
+    robust_z,
+)
+from schemas.regressions import RegressionSpec
+from schemas.samples import Sample, make_labels
+from store import Store, open_store
+
+T0 = 1_750_003_200.0
+M = make_labels({"model": "llm", "version": "1"})
+NOW = T0 + 6 * 3600.0
+
+
+@pytest.fixture
+def store(tmp_path) -> Iterator[Store]:
+    s = open_store(f"sqlite:///{tmp_path}/tw.db")
+    s.create_schema()
+    yield s
+    s.close()
+
+
+Fn = Callable[[float], tuple[float, float, float]]  # ts -> (fill, load, queue time)
+
+
+def write(store: Store, fn: Fn, *, start: float = T0, end: float = NOW, seed: int = 0,
+          target: str = "t1") -> None:
+    rng = np.random.default_rng(seed)
+    ts = start
+    while ts <= end:
+        fill, load, queue = fn(ts)
+        store.write(target, ts, [
+            Sample("sli:batch_fill_rate", M, fill * float(rng.lognormal(0, 0.05))),
+            Sample("sli:request_rate", M, load * float(rng.lognormal(0, 0.05))),
+            Sample("sli:queue_time_seconds", M, queue * float(rng.lognormal(0, 0.1))),
+        ])
+        ts += 30.0
+    store.flush()
+
+
+def step_at(onset: float, before: float, after: float) -> Callable[[float], float]:
+    return lambda ts: after if ts >= onset else before
+
+
+SPEC = RegressionSpec(name="fill", series="sli:batch_fill_rate", direction="down")
+ONSET = NOW - 600.0  # 10 of the 15 recent minutes are after the change
+
+
+def test_fires_on_a_drop_at_same_load_with_numbers_in_annotations(store: Store) -> None:
+    fill = step_at(ONSET, 0.6, 0.36)
+    queue = step_at(ONSET, 0.01, 0.03)
+    write(store, lambda ts: (fill(ts), 20.0, queue(ts)))
+    found = detect(store, SPEC, NOW)
+    assert len(found) == 1
+    f = found[0]
+    assert f.baseline_kind == "trailing"
+    assert f.comparison.change == pytest.approx(-0.4, abs=0.06)
+    ann = dict(f.candidate.annotations)
+    assert ann["summary"].startswith("Batch fill rate -")
+    assert "vs last 4 h" in ann["summary"]
+    assert "queue time" in ann["summary"] and "\u00d7" in ann["summary"]  # queue time x3
+    assert "req/s" in ann["description"] and "robust z" in ann["description"]
+    assert float(ann["change_percent"]) == pytest.approx(-40, abs=6)
+    assert ann["baseline"] == "trailing"
+    assert dict(f.candidate.labels) == {
+        "alertname": "fill", "rule": "fill", "target": "t1", "model": "llm", "version": "1"
+    }
+    assert f.candidate.value == pytest.approx(f.comparison.change)
+
+
+def test_labels_are_stable_while_the_numbers_move(store: Store) -> None:
+    fill = step_at(ONSET - 600, 0.6, 0.3)
+    write(store, lambda ts: (fill(ts), 20.0, 0.01))
+    a = detect(store, SPEC, NOW - 60)
+    b = detect(store, SPEC, NOW)
+    assert a and b
+    assert a[0].candidate.labels == b[0].candidate.labels
+    assert a[0].candidate.annotations != b[0].candidate.annotations
+
+
+def test_quiet_on_steady_noisy_data(store: Store) -> None:
+    write(store, lambda ts: (0.6, 20.0, 0.01), seed=3)
+    for i in range(0, 120, 5):
+        assert detect(store, SPEC, NOW - i * 60) == []
+
+
+@pytest.mark.parametrize(("drop", "min_effect", "fires"), [
+    (0.1, 0.2, False),
+    (0.1, 0.05, True),
+    (0.3, 0.2, True),
+    (0.3, 0.4, False),
+])
+def test_min_effect(store: Store, drop: float, min_effect: float, fires: bool) -> None:
+    fill = step_at(ONSET - 300, 0.6, 0.6 * (1 - drop))
+    write(store, lambda ts: (fill(ts), 20.0, 0.01))
+    spec = SPEC.model_copy(update={"min_effect": min_effect})
+    assert bool(detect(store, spec, NOW)) is fires
+
+
+def test_traffic_drop_is_not_a_regression(store: Store) -> None:
+    # Fill rate halves because traffic halved: the load guard says "not comparable".
+    fill = step_at(ONSET, 0.6, 0.3)
+    load = step_at(ONSET, 20.0, 10.0)
+    write(store, lambda ts: (fill(ts), load(ts), 0.01))
+    assert detect(store, SPEC, NOW) == []
+    # Without the guard the same data is a regression; with a wide tolerance too.
+    assert detect(store, SPEC.model_copy(update={"load_series": None}), NOW)
+    assert detect(store, SPEC.model_copy(update={"load_tolerance": 0.6}), NOW)
+
+
+def test_week_ago_baseline_is_used_when_history_exists(store: Store) -> None:
+    # Fill fell 3 h ago: the trailing 4 h are mostly at the new level, last week was not.
+    fill = step_at(NOW - 3 * 3600, 0.6, 0.35)
+    write(store, lambda ts: (fill(ts), 20.0, 0.01), start=NOW - 5 * 3600)
+    spec = SPEC.model_copy(update={"baseline": "week_ago"})
+    assert detect(store, spec, NOW) == []  # no week-old history: trailing, absorbed
+    write(store, lambda ts: (0.6, 20.0, 0.01), start=NOW - WEEK_S - 3 * 3600,
+          end=NOW - WEEK_S + 3 * 3600, seed=5)
+    found = detect(store, spec, NOW)
+    assert len(found) == 1
+    assert found[0].baseline_kind == "week_ago"
+    ann = dict(found[0].candidate.annotations)
+    assert ann["baseline"] == "week_ago" and "vs last week" in ann["summary"]
+    assert "same hours last week" in ann["description"]
+    # The trailing spec on the same data still sees nothing.
+    assert detect(store, SPEC, NOW) == []
+
+
+def test_week_ago_at_other_load_falls_back_to_trailing(store: Store) -> None:
+    fill = step_at(ONSET, 0.6, 0.3)
+    write(store, lambda ts: (fill(ts), 20.0, 0.01), start=NOW - 5 * 3600)
+    # Last week had twice the traffic: not comparable, so the trailing baseline decides.
+    write(store, lambda ts: (0.9, 40.0, 0.01), start=NOW - WEEK_S - 3 * 3600,
+          end=NOW - WEEK_S + 3 * 3600, seed=5)
+    found = detect(store, SPEC.model_copy(update={"baseline": "week_ago"}), NOW)
+    assert [f.baseline_kind for f in found] == ["trailing"]
+
+
+def test_up_direction_and_rule_protocol(store: Store) -> None:
+    q = step_at(ONSET, 0.01, 0.02)
+    write(store, lambda ts: (0.6, 20.0, q(ts)))
+    spec = RegressionSpec.model_validate({
+        "name": "queue", "series": "sli:queue_time_seconds", "direction": "up",
+        "for": "2m", "keep_firing_for": "7m", "labels": {"severity": "ticket"},
+        "annotations": {"runbook_url": "https://example.invalid/rb"},
+    })
+    (rule,) = regression_rules([spec])
+    assert isinstance(rule, RegressionRule)
+    assert (rule.name, rule.for_s, rule.keep_firing_for_s) == ("queue", 120.0, 420.0)
+    (c,) = rule.evaluate(store, NOW)
+    assert dict(c.labels)["severity"] == "ticket"
+    assert dict(c.annotations)["runbook_url"] == "https://example.invalid/rb"
+    assert c.value > 0.5
+    assert rule.evaluate(store, ONSET - 60) == []
+    assert detect(store, spec.model_copy(update={"direction": "down"}), NOW) == []
+
+
+def test_statistics() -> None:
+    rng = np.random.default_rng(0)
+    base = list(rng.normal(100, 10, 240))
+    same = list(rng.normal(100, 10, 15))
+    higher = list(rng.normal(120, 10, 15))
+    assert mann_whitney_p(higher, base, "up") < 1e-4
+    assert mann_whitney_p(higher, base, "down") > 0.99
+    assert 0.01 < mann_whitney_p(same, base, "up") < 0.99
+    assert mann_whitney_p([1.0] * 5, [1.0] * 20, "up") == 1.0  # all tied
+    assert robust_z(higher, base) > 4
+    assert abs(robust_z(same, base)) < 3
+    assert robust_z([2.0] * 5, [1.0] * 20) > 100  # flat baseline: sigma floored, finite
+    assert fmt_change(3.0, 1.0) == "\u00d73.0"
+    assert fmt_change(1.38, 1.0) == "+38 %"
+    assert fmt_change(0.75, 1.0) == "-25 %"
+
+
+def test_spec_validation() -> None:
+    with pytest.raises(ValueError, match="min_points"):
+        RegressionSpec(name="x", series="s", direction="up", recent_window=120.0)
+    with pytest.raises(ValueError):
+        RegressionSpec.model_validate({"name": "x", "series": "s", "direction": "sideways"})
