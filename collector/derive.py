@@ -298,6 +298,10 @@ class Deriver:
         self._state: list[_State] = [{}, {}]  # per source: _METRICS, _STATS
         self._last_ts: list[float | None] = [None, None]
         self._kv_bad: set[ModelKey] = set()  # models whose KV gauges were inconsistent last time
+        # Models whose request counters (and response-cache counters) /metrics has shown: from
+        # then on their request-level SLIs come only from /metrics, never from the stats API.
+        self._core_from_metrics: set[ModelKey] = set()
+        self._cache_from_metrics: set[ModelKey] = set()
 
     def tracked_series(self) -> int:
         """How many counter series the state holds (for tests and self-metrics)."""
@@ -506,12 +510,23 @@ class Deriver:
             if value is not None:
                 out.append(Sample(name, labels, value))
 
-        # Request-level SLIs: /metrics wins when it has the model's counters in this snapshot.
-        core = m_acc if m_acc is not None and not m_acc.seen.isdisjoint(_CORE_FIELDS) else s_acc
+        # Request-level SLIs: /metrics wins when it has the model's counters.  The stats API
+        # stands in only for a model /metrics has never shown with them: a target read through
+        # both must not interleave two sources (and two intervals) in one series.
+        from_metrics = m_acc is not None and not m_acc.seen.isdisjoint(_CORE_FIELDS)
+        if from_metrics:
+            self._core_from_metrics.add(mkey)
+        stand_in = s_acc if mkey not in self._core_from_metrics else None
+        core = m_acc if from_metrics else stand_in
         if core is not None:
             self._core_slis(core, config, labels, out)
 
-        cache = m_acc if m_acc is not None and "cache_hit" in m_acc.seen else s_acc
+        if m_acc is not None and "cache_hit" in m_acc.seen:
+            self._cache_from_metrics.add(mkey)
+        cache = (
+            m_acc if mkey in self._cache_from_metrics and m_acc is not None
+            else s_acc if mkey not in self._cache_from_metrics else None
+        )
         if cache is not None:
             hits = cache.d.get("cache_hit")
             misses = cache.d.get("cache_miss")

@@ -6,4 +6,5 @@ pytest_plugins = [
     "tests.fixtures_http",
     "tests.fixtures_openai",
     "tests.fixtures_alertmanager",
+    "tests.fixtures_store",
 ]

@@ -188,6 +188,14 @@ class LoadGenerator:
         with self._lock:
             return index < self._target[kind]
 
+    def _first_slot(self, kind: str, index: int) -> float:
+        """Paced workers start 1/rate apart, so open-loop traffic arrives evenly spread and not
+        in bursts of the worker count (which would form the same batches whatever the model's
+        execution time)."""
+        with self._lock:
+            rate = self._rate[kind]
+        return time.monotonic() + (index / rate if rate else 0.0)
+
     def _pace(self, kind: str, next_start: float) -> float:
         """Sleep until ``next_start`` if this kind is rate-limited; return the next slot."""
         with self._lock:
@@ -210,7 +218,7 @@ class LoadGenerator:
     def _batcher_worker(self, index: int) -> None:
         client: Any = None
         data = np.ones((1, 4), dtype=np.float32)
-        next_start = time.monotonic()
+        next_start = self._first_slot("batcher", index)
         while self._keep_going("batcher", index):
             next_start = self._pace("batcher", next_start)
             if not self._keep_going("batcher", index):
@@ -234,7 +242,7 @@ class LoadGenerator:
         client: Any = None
         responses: queue.Queue[tuple[int, Any, Any]] = queue.Queue()
         seq = 0
-        next_start = time.monotonic()
+        next_start = self._first_slot("llm", index)
         while self._keep_going("llm", index):
             next_start = self._pace("llm", next_start)
             if not self._keep_going("llm", index):

@@ -17,6 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
+from apscheduler.events import (
+    EVENT_JOB_ERROR,
+    EVENT_JOB_EXECUTED,
+    EVENT_JOB_SUBMITTED,
+    JobExecutionEvent,
+    JobSubmissionEvent,
+)
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from alerts.jobs import AlertJob
@@ -85,6 +92,7 @@ async def serve(
 
     log.info("serving %d target(s); store %s; API on %s:%d",
              len(config.targets), store.url_redacted, host, port)
+    drain = _RunningJobs(scheduler)
     scheduler.start()
     tasks = [asyncio.create_task(_stop_server())]
     side: asyncio.Task[None] | None = (
@@ -94,6 +102,11 @@ async def serve(
         await server.serve()
     finally:
         stop.set()
+        # Start nothing new, let running jobs (a scrape, a probe run, an evaluation in its
+        # worker thread) finish, then stop: cancelling them mid-way would lose their results
+        # and could close the store under an evaluation still writing to it.
+        scheduler.pause()
+        await drain.wait(JOB_DRAIN_TIMEOUT_S)
         scheduler.shutdown(wait=False)
         if side is not None:
             side.cancel()
@@ -110,6 +123,37 @@ async def serve(
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.remove_signal_handler(sig)
+
+
+#: How long shutdown waits for running jobs before cancelling them.
+JOB_DRAIN_TIMEOUT_S = 20.0
+
+
+class _RunningJobs:
+    """Counts jobs in flight through the scheduler's events, so shutdown can wait for them."""
+
+    def __init__(self, scheduler: AsyncIOScheduler) -> None:
+        self.running: dict[str, int] = {}
+        scheduler.add_listener(self._submitted, EVENT_JOB_SUBMITTED)
+        scheduler.add_listener(self._done, EVENT_JOB_EXECUTED | EVENT_JOB_ERROR)
+
+    def _submitted(self, event: JobSubmissionEvent) -> None:
+        self.running[event.job_id] = self.running.get(event.job_id, 0) + 1
+
+    def _done(self, event: JobExecutionEvent) -> None:
+        left = self.running.get(event.job_id, 0) - 1
+        if left > 0:
+            self.running[event.job_id] = left
+        else:
+            self.running.pop(event.job_id, None)
+
+    async def wait(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while self.running and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if self.running:
+            log.warning("shutdown: cancelling jobs still running after %.0f s: %s",
+                        timeout, ", ".join(sorted(self.running)))
 
 
 def final_flush(store: Store, attempts: int = 5, delay: float = 1.0) -> None:

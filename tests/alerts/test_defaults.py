@@ -4,7 +4,6 @@ noisy traffic and on a traffic drop.  Data: bench.detection's generator, in a re
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -16,19 +15,11 @@ from alerts.model import Rule
 from bench.detection import HISTORY_S, SPAN_S, T0, Scenario, samples
 from schemas.regressions import DEFAULT_RULE_NAMES, DefaultsSpec
 from schemas.samples import Sample, TargetHealth, make_labels
-from store import Store, open_store
+from store import Store
 
 START = T0 + HISTORY_S  # evaluated span begins
 ONSET = START + 20 * 60
 M = make_labels({"model": "llm", "version": "1"})
-
-
-@pytest.fixture
-def store(tmp_path) -> Iterator[Store]:
-    s = open_store(f"sqlite:///{tmp_path}/tw.db")
-    s.create_schema()
-    yield s
-    s.close()
 
 
 def load(store: Store, *scs: Scenario, seed: int = 1) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -18,19 +18,11 @@ from alerts.detect import (
 )
 from schemas.regressions import RegressionSpec
 from schemas.samples import Sample, make_labels
-from store import Store, open_store
+from store import Store
 
 T0 = 1_750_003_200.0
 M = make_labels({"model": "llm", "version": "1"})
 NOW = T0 + 6 * 3600.0
-
-
-@pytest.fixture
-def store(tmp_path) -> Iterator[Store]:
-    s = open_store(f"sqlite:///{tmp_path}/tw.db")
-    s.create_schema()
-    yield s
-    s.close()
 
 
 Fn = Callable[[float], tuple[float, float, float]]  # ts -> (fill, load, queue time)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,7 +21,7 @@ from schemas.rules import (
     validate_rules,
 )
 from schemas.samples import Sample, make_labels
-from store import Store, open_store
+from store import Store
 from tritonwatch.cli import main
 
 EXAMPLE = """
@@ -187,14 +186,6 @@ def test_json_schema_documents_every_field_and_accepts_the_example() -> None:
 # --- threshold rules -------------------------------------------------------------------------
 
 NOW = 1_800_000_000.0
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    s = open_store(f"sqlite:///{tmp_path}/x.db")
-    s.create_schema()
-    yield s
-    s.close()
 
 
 def kv(store: Store, model: str, values: list[float], gpu: str = "0") -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,18 +23,10 @@ from schemas.config import ConfigError
 from schemas.probes import ProbeResult
 from schemas.rules import SloSpec
 from schemas.samples import Sample, make_labels
-from store import Store, open_store
+from store import Store
 
 NOW = 1_800_000_000.0  # a multiple of 300 s: buckets line up with the runs below
 H = 3600.0
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    s = open_store(f"sqlite:///{tmp_path}/x.db")
-    s.create_schema()
-    yield s
-    s.close()
 
 
 def spec(objective: float = 99.9, window: str = "30d", **kw) -> SloSpec:

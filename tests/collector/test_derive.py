@@ -725,8 +725,17 @@ def test_alternating_metrics_and_stats_snapshots_keep_both_baselines() -> None:
     out = d.derive(snap(10.0, core(**KW1)), CONFIGS)
     assert get(out, "sli:request_rate", **M1) == pytest.approx(4.0)  # metrics: Δ40 over 10 s
     out = d.derive(snap(25.0, _stats(**STATS1)), CONFIGS)
-    assert get(out, "sli:request_rate", **M1) == pytest.approx(2.0)  # stats: Δ40 over 20 s
+    # /metrics owns the model's request SLIs now: the stats read adds only its own SLIs, so a
+    # series never interleaves two sources (and two intervals).
+    assert get(out, "sli:request_rate", **M1) is None
     assert get(out, "sli:preferred_batch_hit_ratio", **M1) == pytest.approx(0.8)
+
+
+def test_stats_api_stands_in_for_request_slis_when_metrics_never_had_them() -> None:
+    d = Deriver("t1", max_gap_s=60.0)
+    assert "sli:request_rate" not in names(d.derive(snap(5.0, _stats(**STATS0)), CONFIGS))
+    out = d.derive(snap(25.0, _stats(**STATS1)), CONFIGS)
+    assert get(out, "sli:request_rate", **M1) == pytest.approx(2.0)  # stats: Δ40 over 20 s
 
 
 def test_combined_snapshot_prefers_metrics_for_request_slis() -> None:

@@ -4,21 +4,11 @@ import asyncio
 import itertools
 import time
 
-import pytest
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from bench.payloads import triton_payload
 from collector.jobs import Collector, SelfMetrics, stagger_offset
 from schemas.config import validate_config
-from store import open_store
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = open_store(f"sqlite:///{tmp_path}/tw.db")
-    s.create_schema()
-    yield s
-    s.close()
 
 
 def make_config(targets, **scrape):

@@ -17,17 +17,8 @@ from collector.jobs import Collector
 from collector.triton import TritonApi
 from schemas.config import validate_config
 from schemas.samples import label_value
-from store import open_store
 
 pytestmark = pytest.mark.triton
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = open_store(f"sqlite:///{tmp_path}/tw.db")
-    s.create_schema()
-    yield s
-    s.close()
 
 
 def rig_config(rig):
