@@ -20,8 +20,10 @@ from rich.table import Table
 from rich.text import Text
 
 from collector.jobs import Collector
+from schemas.alerts import AlertState
 from schemas.config import validate_config
 from schemas.samples import TargetHealth, label_value
+from store.alerts import AlertStore
 from tritonwatch.loadgen import LoadGenerator
 from tritonwatch.render import model_table
 from tritonwatch.rig import TritonRig, ensure_triton_env
@@ -29,12 +31,41 @@ from tritonwatch.serve import serve
 
 log = logging.getLogger(__name__)
 
-# (seconds, batcher concurrency, LLM streams, KV-cache fraction): one act of the demo each.
+# (seconds, batcher concurrency, LLM streams, KV-cache fraction, fake LLM's TTFT in ms): one
+# act of the demo each.  The last two acts trip the demo's alert rules below.
 SCENARIO = (
-    (30.0, 12, 2, 0.35),
-    (30.0, 3, 3, 0.60),
-    (30.0, 16, 4, 0.92),
+    (30.0, 12, 2, 0.35, 40),
+    (30.0, 3, 3, 0.60, 40),
+    (30.0, 16, 4, 0.95, 40),
+    (30.0, 8, 2, 0.40, 150),
 )
+
+# Threshold rules with demo-sized timings (the built-in rules judge minutes to hours of
+# history, so they stay quiet in a short demo); the built-ins run as well.
+DEMO_RULES = """\
+version: 1
+alerts:
+  - name: KVCacheNearlyFull
+    series: sli:kv_cache_utilization
+    agg: avg
+    window: 15s
+    op: ">="
+    threshold: 0.9
+    for: 10s
+    keep_firing_for: 10s
+    labels: {severity: warning}
+    annotations: {summary: "KV cache {value:.0%} full on {labels[model]}"}
+  - name: SlowFirstToken
+    series: probe:ttft_seconds
+    agg: avg
+    window: 15s
+    op: ">"
+    threshold: 0.1
+    for: 10s
+    keep_firing_for: 10s
+    labels: {severity: page}
+    annotations: {summary: "TTFT {value:.3f}s on {labels[model]} ({labels[probe]})"}
+"""
 
 
 def _mean_ms(values: list[float | None]) -> str:
@@ -42,8 +73,8 @@ def _mean_ms(values: list[float | None]) -> str:
     return f"{1000 * sum(kept) / len(kept):.1f}" if kept else "-"
 
 
-def _view(collector: Collector, health_rows: list[TargetHealth], started: float,
-          act: str) -> Group:
+def _view(collector: Collector, health_rows: list[TargetHealth], alerts: list[AlertState],
+          started: float, act: str) -> Group:
     state = next(iter(collector.targets.values()))
     models: dict[str, dict[str, float | None]] = {}
     for sample in state.latest:
@@ -73,7 +104,20 @@ def _view(collector: Collector, health_rows: list[TargetHealth], started: float,
         f"API on http://{collector.config.api.listen}  (Ctrl-C to stop)"
     )
     table = model_table(dict(sorted(models.items())), "per model, last scrape interval")
-    return Group(header, health, table, probes)
+    alert_table = Table(title="alerts (pending and firing)", title_justify="left")
+    for column in ("alert", "status", "since", "summary"):
+        alert_table.add_column(column)
+    now = time.time()
+    for a in sorted(alerts, key=lambda a: a.active_since):
+        if a.status == "resolved":
+            continue
+        labels = dict(a.labels)
+        color = "red" if a.status == "firing" else "yellow"
+        alert_table.add_row(
+            labels.get("alertname", a.rule), f"[{color}]{a.status}[/]",
+            f"{now - a.active_since:.0f} s", dict(a.annotations).get("summary", ""),
+        )
+    return Group(header, health, table, probes, alert_table)
 
 
 async def _drive(rig: TritonRig, load: LoadGenerator, collector: Collector,
@@ -85,13 +129,15 @@ async def _drive(rig: TritonRig, load: LoadGenerator, collector: Collector,
         while True:
             now = time.monotonic()
             if now >= act_ends:
-                seconds, batch_c, llm_c, kv = next(acts)
+                seconds, batch_c, llm_c, kv, ttft = next(acts)
                 load.set(concurrency=batch_c, llm_concurrency=llm_c)
-                rig.control(kv_used_fraction=kv)
+                rig.control(kv_used_fraction=kv, ttft_ms=ttft)
                 act_ends = now + seconds
-                act_name = f"{batch_c} batcher clients, {llm_c} LLM streams, KV target {kv:.0%}"
+                act_name = (f"{batch_c} batcher clients, {llm_c} LLM streams, "
+                            f"KV target {kv:.0%}, TTFT {ttft} ms")
             rows = await asyncio.to_thread(collector.store.health)
-            live.update(_view(collector, rows, started, act_name))
+            alerts = await asyncio.to_thread(AlertStore(collector.store).states)
+            live.update(_view(collector, rows, alerts, started, act_name))
             await asyncio.sleep(1.0)
 
 
@@ -106,6 +152,8 @@ def run_demo(*, listen: str, duration: float | None, data_dir: str) -> int:
         rig.start()
     console.print(f"tritonserver ready in {rig.last_start_seconds or 0:.0f} s: "
                   f"HTTP {rig.http_url}, gRPC {rig.grpc_url}, metrics {rig.metrics_url}")
+    rules = data / "demo-rules.yaml"
+    rules.write_text(DEMO_RULES, encoding="utf-8")
     config = validate_config({
         "targets": [{"name": "rig", "metrics_url": rig.metrics_url, "http_url": rig.http_url,
                      "grpc_url": rig.grpc_url}],
@@ -121,6 +169,7 @@ def run_demo(*, listen: str, duration: float | None, data_dir: str) -> int:
         "scrape": {"interval": "5s", "timeout": "4s", "api_interval": "10s"},
         "store": {"url": f"sqlite:///{data}/tritonwatch.db", "flush_interval": "5s"},
         "api": {"listen": listen},
+        "alerting": {"rules_file": str(rules), "eval_interval": "5s"},
     }, "<demo>")
     load = LoadGenerator(rig.grpc_url, concurrency=8, llm_concurrency=2,
                          max_duration=duration or 7 * 86400.0)
