@@ -58,6 +58,10 @@ class WebhookConfig(_Frozen):
     (Alertmanager's ``max_alerts``); 0 sends all."""
     receiver: str = Field(default="tritonwatch", pattern=r"^[a-z0-9_-]+$", max_length=100)
     """The ``receiver`` name written into each payload."""
+    repeat_interval: PositiveDuration = 4 * 3600.0
+    """A webhook hears of an alert when it fires, when it resolves, and again after this long
+    if it is still firing (Alertmanager's ``repeat_interval``), not at every 60 s re-send
+    that keeps Alertmanager's copy alive."""
 
 
 class BasicAuthConfig(_Frozen):

@@ -23,6 +23,11 @@ no notification" true.  Other 4xx are final (Alertmanager does not retry them ei
 body is logged and the alert counts as sent, so a misconfiguration is not hammered every
 evaluation; it is tried again at the normal resend cadence.
 
+Notifiers that carry a ``repeat_interval`` (generic webhooks) are people's endpoints, not an
+Alertmanager to keep alive: they get an alert when it fires, when it resolves, and again only
+every ``repeat_interval`` while it fires - like Alertmanager notifying a webhook.  The 60 s
+re-sends that refresh Alertmanager's ``endsAt`` are not repeated to them.
+
 HA: every notifier gets every due alert (notifiers run in parallel).  An alert counts as sent
 only when *every* notifier accepted it or failed for good, so an Alertmanager replica that was
 down gets the alert as soon as it is back, not one resend_delay later.  Re-posting to the
@@ -90,6 +95,9 @@ class Dispatcher:
             ThreadPoolExecutor(len(self.notifiers), thread_name_prefix="notify")
             if len(self.notifiers) > 1 else None
         )
+        # (notifier index, fingerprint) -> (status, sent at) of what a notifier with a
+        # repeat_interval was last told; each notifier thread writes only its own keys.
+        self._told: dict[tuple[int, str], tuple[str, float]] = {}
 
     # -- what is due ---------------------------------------------------------------------
     @property
@@ -133,6 +141,10 @@ class Dispatcher:
     # -- sending -------------------------------------------------------------------------
     def dispatch(self, states: Iterable[AlertState], now: float) -> dict[str, float]:
         """Send what is due at ``now``; ``{fingerprint: now}`` for what went out."""
+        states = list(states)
+        live = {s.fingerprint for s in states}
+        for key in [k for k in self._told if k[1] not in live]:
+            del self._told[key]  # alerts the engine no longer holds
         due = [self.outgoing(s, now) for s in states if self.is_due(s, now)]
         if not due or not self.notifiers:
             return {}
@@ -140,10 +152,10 @@ class Dispatcher:
                    for i in range(0, len(due), self.max_batch_size)]
         deadline = self.clock() + self.retry_budget
         if self._pool is None:
-            results = [self._deliver(self.notifiers[0], batches, deadline)]
+            results = [self._deliver(0, self.notifiers[0], batches, deadline, now)]
         else:
-            futures = [self._pool.submit(self._deliver, n, batches, deadline)
-                       for n in self.notifiers]
+            futures = [self._pool.submit(self._deliver, i, n, batches, deadline, now)
+                       for i, n in enumerate(self.notifiers)]
             results = [f.result() for f in futures]
         sent: dict[str, float] = {}
         for i, batch in enumerate(batches):
@@ -152,9 +164,27 @@ class Dispatcher:
         return sent
 
     def _deliver(
-        self, notifier: Notifier, batches: list[list[OutgoingAlert]], deadline: float
+        self, index: int, notifier: Notifier, batches: list[list[OutgoingAlert]],
+        deadline: float, now: float,
     ) -> list[_Outcome]:
-        return [self._deliver_batch(notifier, batch, deadline) for batch in batches]
+        repeat: float | None = getattr(notifier, "repeat_interval", None)
+        if repeat is None:
+            return [self._deliver_batch(notifier, batch, deadline) for batch in batches]
+        outcomes = []
+        for batch in batches:
+            news = [a for a in batch if self._news(index, a, now, repeat)]
+            outcome = self._deliver_batch(notifier, news, deadline) if news else _Outcome.SENT
+            if outcome is not _Outcome.RETRY:
+                for a in news:
+                    self._told[(index, a.fingerprint)] = (a.status, now)
+            outcomes.append(outcome)
+        return outcomes
+
+    def _news(self, index: int, alert: OutgoingAlert, now: float, repeat: float) -> bool:
+        told = self._told.get((index, alert.fingerprint))
+        return told is None or told[0] != alert.status or (
+            alert.status == "firing" and now - told[1] >= repeat
+        )
 
     def _deliver_batch(
         self, notifier: Notifier, batch: list[OutgoingAlert], deadline: float
@@ -215,6 +245,7 @@ def build_dispatcher(
         WebhookNotifier(
             w.url, headers=w.headers, max_alerts=w.max_alerts, receiver=w.receiver,
             external_url=config.external_url or "", timeout=config.timeout,
+            repeat_interval=w.repeat_interval,
         )
         for w in config.webhooks
     ]

@@ -102,7 +102,10 @@ class WebhookNotifier:
         external_url: str = "",
         timeout: float = 10.0,
         client: httpx.Client | None = None,
+        repeat_interval: float | None = 4 * 3600.0,
     ) -> None:
+        #: Seconds between notifications of an unchanged firing alert (see Dispatcher).
+        self.repeat_interval = repeat_interval
         self.url = url
         self.headers = dict(headers or {})
         self.max_alerts = max_alerts

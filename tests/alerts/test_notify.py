@@ -556,3 +556,33 @@ def test_real_alertmanager_delivers_back_to_our_receiver(
         time.sleep(0.1)
     assert events("resolved")[0].ends_at == pytest.approx(resolved_at)
     d.close()
+
+
+# --- a webhook is told of changes, not of every Alertmanager re-send ------------------------
+
+def test_webhook_hears_fire_resolve_and_repeat_interval_while_alertmanager_gets_resends() -> None:
+    am_rec, hook_rec = Recorder(200), Recorder(200)
+    am = make_notifier("alertmanager", am_rec)
+    hook = WebhookNotifier("http://hooks.example/x", client=hook_rec.client(),
+                           repeat_interval=3600.0)
+    d = dispatcher(am, hook, resend_delay=60.0, eval_interval=30.0)
+    s = state(fired_at=100.0)
+    now = 100.0
+    # One hour and a half of firing, evaluated every 30 s; the engine stores last_sent_at.
+    while now <= 100.0 + 5400:
+        sent = d.dispatch([s], now=now)
+        if s.fingerprint in sent:
+            s = s._replace(last_sent_at=sent[s.fingerprint])
+        now += 30.0
+    am_posts, hook_posts = len(am_rec.requests), len(hook_rec.requests)
+    assert am_posts == 91  # every 60 s: Alertmanager's copy must be kept alive
+    assert hook_posts == 2  # when it fired, and once more after the 1 h repeat interval
+    resolved = s._replace(status="resolved", resolved_at=now)
+    for _ in range(40):  # the 15 min resolved retention, evaluated every 30 s
+        sent = d.dispatch([resolved], now=now)
+        if resolved.fingerprint in sent:
+            resolved = resolved._replace(last_sent_at=sent[resolved.fingerprint])
+        now += 30.0
+    hook_bodies = hook_rec.bodies()
+    assert [b["status"] for b in hook_bodies] == ["firing", "firing", "resolved"]
+    assert len(am_rec.requests) - am_posts == 15  # resolves re-sent for 15 min, every 60 s
