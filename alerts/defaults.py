@@ -6,7 +6,8 @@ rule (alertname)                what it flags, thresholds, timings
 ``batch_fill_rate_regression``  ``sli:batch_fill_rate`` down >= 20 % (median of the last 15 min vs
 (BatchFillRateRegression)       the same hours last week, else the 4 h before; robust z >= 4 and
                                 Mann-Whitney p <= 0.001) at comparable load (request rate within
-                                ±25 %). for 5 min, keep firing 15 min. severity=warning
+                                ±15 %: fill rate follows load). for 5 min, keep firing 15 min.
+                                severity=warning
 ``kv_cache_saturation``         ``sli:kv_cache_utilization`` (2 min mean) >= 90 %.
 (KVCacheSaturation)             for 10 min, keep firing 5 min. severity=warning
 ``kv_cache_exhaustion_forecast`` a least-squares line through the last 30 min of
@@ -67,6 +68,7 @@ from alerts.detect import (
 from alerts.model import Rule
 from schemas.alerts import AlertCandidate
 from schemas.regressions import (
+    BUILTIN_REGRESSIONS,
     DEFAULT_RULE_NAMES,
     DefaultOverride,
     DefaultsSpec,
@@ -129,7 +131,6 @@ def _regression_spec(name: str, o: DefaultOverride | None) -> RegressionSpec:
         "baseline": "week_ago",
         "recent_window": 900.0,
         "baseline_window": 4 * 3600.0,
-        "min_effect": 0.2,
         "for": 300.0,
         "keep_firing_for": 900.0,
         "labels": {"alertname": _ALERTNAMES[name], "severity": "warning"},
@@ -142,12 +143,11 @@ def _regression_spec(name: str, o: DefaultOverride | None) -> RegressionSpec:
         },
         "kv_cache_regression": {
             "series": "sli:kv_cache_utilization", "direction": "up", "min_baseline": 0.05,
-            "load_tolerance": 0.15,  # KV use grows with load: keep the drift below min_effect
             "related": ("sli:queue_time_seconds", "sli:pending_requests", "probe:ttft_seconds"),
         },
         "gpu_utilization_regression": {
             "series": "sli:gpu_utilization", "direction": "down", "by": ("gpu_uuid",),
-            "min_baseline": 0.05, "load_tolerance": 0.15,
+            "min_baseline": 0.05,
             "related": ("sli:batch_fill_rate", "sli:queue_time_seconds"),
         },
         "ttft_regression": {
@@ -161,7 +161,9 @@ def _regression_spec(name: str, o: DefaultOverride | None) -> RegressionSpec:
                         "sli:batch_fill_rate", "sli:gpu_utilization"),
         },
     }
-    values = {**common, **per[name]}
+    # min_effect and load_tolerance (below it: every one of these series follows load).
+    effect, tolerance = BUILTIN_REGRESSIONS[name]
+    values = {**common, "min_effect": effect, "load_tolerance": tolerance, **per[name]}
     if o is not None:
         for key in ("min_effect", "z_threshold", "baseline", "recent_window",
                     "baseline_window", "load_tolerance"):

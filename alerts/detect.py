@@ -13,8 +13,9 @@ one per ``gpu_uuid``, are averaged bucket by bucket) at evaluation time ``now``:
 2. **Comparable load.**  The medians of ``load_series`` (default ``sli:request_rate``) of the
    same target and model (summed over versions and models when the instance has no such
    labels, e.g. a GPU) must differ by at most ``load_tolerance`` (relative) between the windows.
-   A fill rate that falls because traffic fell is not a regression.  Without any load data the
-   guard cannot be applied and the annotations say so.
+   A fill rate that falls because traffic fell is not a regression.  Without any load data (in
+   neither window) the guard cannot be applied and the annotations say so; with load known in
+   one window only, the baseline is skipped (the windows cannot be shown comparable).
 3. **Effect.**  The relative change of the median, in the bad ``direction``, is at least
    ``min_effect`` (and the baseline median exceeds ``min_baseline``).
 4. **Significance.**  Both must hold (SLO-alerting notes §4.2):
@@ -292,9 +293,14 @@ def _load_median(
 
 
 def load_comparable(current: float | None, baseline: float | None, tolerance: float) -> bool:
-    """True when both loads are known and within ``tolerance`` (relative), or either unknown."""
-    if current is None or baseline is None:
+    """True when both loads are known and within ``tolerance`` (relative), or both unknown.
+
+    Load known in one window and missing in the other is *not* comparable: traffic may have
+    stopped or started, which is exactly what the guard is there to catch."""
+    if current is None and baseline is None:
         return True
+    if current is None or baseline is None:
+        return False
     if baseline <= 0:
         return current <= 0
     return abs(current - baseline) / baseline <= tolerance

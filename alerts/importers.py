@@ -6,13 +6,16 @@ counts events from its own store — so only recognisable queries are translated
 
 - Triton's counters ``nv_inference_request_success`` / ``nv_inference_request_failure`` →
   an ``availability`` SLI (equality matchers on ``model``/``version`` kept, others into
-  ``match``);
+  ``match``; a ``reason`` matcher is refused: the SLI counts failures of every reason);
 - the probe histograms ``tritonwatch_probe_{ttft,itl}_seconds_bucket{le="T"}`` → a ``ttft`` /
-  ``itl`` SLI with threshold T (matchers on ``probe``/``model`` kept);
-- ``tritonwatch_probe_errors`` / ``tritonwatch_probe_requests`` → a probe ``success`` SLI.
+  ``itl`` SLI with threshold T (matchers on ``probe``/``model`` kept, any other refused);
+- ``tritonwatch_probe_errors`` / ``tritonwatch_probe_requests`` → a probe ``success`` SLI
+  (likewise; e.g. the errors' ``kind`` is refused).
 
-Anything else is refused with a ``ConfigError`` line naming the field, e.g.
-``slos[0].sli.raw.error_ratio_query: cannot translate ...``.
+Sloth ``events`` queries and a Sloth ``raw.error_ratio_query`` are read alike: the metrics it
+names decide the SLI.  Anything else is refused with a ``ConfigError`` line naming the field,
+e.g. ``slos[0].sli.raw.error_ratio_query: cannot translate ...``; so is a matcher that would be
+lost on the way, or that contradicts the same label's matcher in another query.
 """
 
 from __future__ import annotations
@@ -93,33 +96,69 @@ def _selectors(query: str) -> list[tuple[str, dict[str, str]]]:
     return out
 
 
+#: Label matchers each SLI kind can carry over (``le`` picks the latency threshold).
+_KEPT = {
+    "availability": ("model", "version"),
+    "latency": ("probe", "model", "le"),
+    "success": ("probe", "model"),
+}
+
+
 def _sli_from_queries(queries: Mapping[str, str]) -> dict[str, Any]:
-    """An SLI dict from named PromQL queries (field path → query), or ValueError."""
-    found = [(field, name, m) for field, q in queries.items() for name, m in _selectors(q)]
+    """An SLI dict from named PromQL queries (field path → query), or ValueError.
+
+    A ``_Refused`` names the query field at fault; a plain ValueError is about them all."""
+    found: list[tuple[str, str, dict[str, str]]] = []
+    for field, q in queries.items():
+        try:
+            found += [(field, name, m) for name, m in _selectors(q)]
+        except ValueError as exc:
+            raise _Refused(field, str(exc)) from None
     names = {name for _, name, _ in found}
-    matchers: dict[str, str] = {}
-    for _, _, m in found:
-        matchers.update(m)
     if names and names <= _TRITON:
+        kind = "availability"
+    elif names and all(_PROBE_LATENCY.match(n) for n in names):
+        kind = "latency"
+    elif names and names <= _PROBE_COUNTS:
+        kind = "success"
+    else:
+        raise ValueError(_UNTRANSLATABLE)
+    matchers: dict[str, str] = {}
+    for field, _, m in found:
+        for key, value in m.items():
+            if key == "reason" and kind == "availability":
+                # Our availability SLI counts the failures of every reason (schemas/rules.py):
+                # dropping the matcher would widen the SLO, moving it into ``match`` would
+                # also filter the success counter (no reason label) and count nothing.
+                raise _Refused(field, f"matcher reason={value!r}: the availability SLI counts "
+                                      "failures of every reason; a reason filter cannot be "
+                                      "translated")
+            if key not in _KEPT[kind] and kind != "availability":
+                raise _Refused(field, f"matcher {key}={value!r}: only "
+                                      f"{', '.join(k for k in _KEPT[kind] if k != 'le')} "
+                                      "matchers can be translated for this SLI")
+            if key == "le":
+                continue  # checked below, per bucket series
+            if matchers.get(key, value) != value:
+                raise _Refused(field, f"matcher {key}={value!r} contradicts "
+                                      f"{key}={matchers[key]!r} elsewhere in the SLI")
+            matchers[key] = value
+    if kind == "availability":
         sli: dict[str, Any] = {"kind": "availability"}
         for key in ("model", "version"):
             if key in matchers:
                 sli[key] = matchers.pop(key)
-        matchers.pop("reason", None)
-        if matchers:
+        if matchers:  # other labels of Triton's series (e.g. a relabelled one): filters
             sli["match"] = matchers
         return sli
-    latency = {_PROBE_LATENCY.match(n) for n in names}
-    if names and None not in latency:
-        kinds = {m.group(1) for m in latency if m}
+    if kind == "latency":
+        kinds = {h.group(1) for n in names if (h := _PROBE_LATENCY.match(n))}
         les = {m["le"] for _, n, m in found if n.endswith("_bucket") and "le" in m}
         if len(kinds) != 1 or len(les) != 1:
             raise ValueError("a latency SLI needs one histogram and exactly one `le` bucket")
         return {"kind": kinds.pop(), "threshold": float(les.pop()),
                 **{k: matchers[k] for k in ("probe", "model") if k in matchers}}
-    if names and names <= _PROBE_COUNTS:
-        return {"kind": "success", **{k: matchers[k] for k in ("probe", "model") if k in matchers}}
-    raise ValueError(_UNTRANSLATABLE)
+    return {"kind": "success", **{k: matchers[k] for k in ("probe", "model") if k in matchers}}
 
 
 def _validate(data: Mapping[str, Any], where: str) -> SloSpec:
@@ -173,6 +212,8 @@ def _sloth_slo(
         raise _Refused(f"{where}.sli", "expected one of events, raw, plugin")
     try:
         translated = _sli_from_queries(queries)
+    except _Refused:
+        raise
     except ValueError as exc:
         raise _Refused(next(iter(queries)), str(exc)) from None
     if slo.get("plugins"):
@@ -300,6 +341,8 @@ def _openslo_slo(
         raise _Refused(f"{ipath}.ratioMetric", "needs good or bad, and total")
     try:
         translated = _sli_from_queries(queries)
+    except _Refused:
+        raise
     except ValueError as exc:
         raise _Refused(next(iter(queries)), str(exc)) from None
     if spec.get("alertPolicies"):

@@ -6,8 +6,15 @@ store's flush, rollup and retention jobs.  Every job is added with ``coalesce=Tr
 scrapes nor make the scheduler replay a backlog after a stall.  A failing job is logged and
 counted (``tritonwatch_job_failures_total``) by an event listener — never fatal.
 
-Scrape jobs for different targets are spread over the interval by a stable hash of the target
-name (as Prometheus does), so a fleet does not hit the event loop all at one instant.
+Scrape and API jobs for different targets are spread over their interval by a stable hash of
+the job id (as Prometheus does), so a fleet does not hit the event loop all at one instant.
+Parsing and deriving run in a worker thread, so one huge or odd exposition cannot hold the
+event loop (and every other target's scrape) while it is parsed.  API reads, which block a
+worker thread each for up to their timeout, are bounded by their own small semaphore so they
+cannot take every worker thread from the scrapes.
+
+Every series stored for a target (raw, derived, statistics API, ``up`` and its siblings) carries
+the target's configured ``labels``.
 
 All time comes from an injected ``clock`` so tests and replays control it.
 """
@@ -17,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
@@ -44,6 +52,23 @@ from store import Store
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
+
+#: The shortest ``max_gap_s`` a target's deriver gets (seconds).
+MIN_MAX_GAP_S = 300.0
+#: How many scheduled reads a counter baseline may miss and still give a rate.
+MAX_GAP_INTERVALS = 4.0
+#: Most Triton API reads in flight at once (each holds a worker thread until it answers).
+API_MAX_CONCURRENCY = 8
+
+
+def deriver_max_gap(scrape_interval: float, api_interval: float | None = None) -> float:
+    """``max_gap_s`` for a target read every ``scrape_interval`` (and ``api_interval``).
+
+    A baseline is too old for a rate only after several missed reads of the slowest source, so
+    a target scraped every 5 minutes still gets rates (a fixed 300 s never would).
+    """
+    slowest = max(scrape_interval, api_interval or 0.0)
+    return max(MIN_MAX_GAP_S, MAX_GAP_INTERVALS * slowest)
 
 
 def stagger_offset(name: str, interval: float) -> float:
@@ -103,9 +128,20 @@ class SelfMetrics:
 
 
 class TargetState:
-    def __init__(self, target: TargetConfig) -> None:
+    def __init__(self, target: TargetConfig, config: Config | None = None) -> None:
         self.config = target
-        self.deriver = Deriver(target.name)
+        has_api = bool(target.http_url or target.grpc_url)
+        if config is not None:
+            scrape_interval = config.interval_for(target)
+            api_interval = config.scrape.api_interval if has_api else None
+        else:  # no global config: only the target's own interval is known
+            scrape_interval, api_interval = target.scrape_interval or 0.0, None
+        self.deriver = Deriver(
+            target.name, max_gap_s=deriver_max_gap(scrape_interval, api_interval)
+        )
+        # The scrape and the API job of this target derive in worker threads; the deriver is
+        # not thread-safe, so they take turns.
+        self.derive_lock = threading.Lock()
         overrides = {
             model: ModelConfigInfo(name=model, max_batch_size=size)
             for model, size in target.max_batch_size.items()
@@ -119,6 +155,8 @@ class TargetState:
         )
         self.latest: list[Sample] = []  # derived SLIs of the last scrape, for display
         self.latest_raw: list[Sample] = []  # raw samples of the last scrape, for the GPU join
+        # Model configs as last written to the store: only changed ones are written again.
+        self.written_configs: dict[str, dict[str, Any]] = {}
 
     def set_configs(self, configs: Mapping[str, ModelConfigInfo]) -> None:
         merged = dict(configs)
@@ -142,9 +180,12 @@ class Collector:
         self.store = store
         self.clock = clock
         self.metrics = metrics or SelfMetrics()
-        self.targets = {t.name: TargetState(t) for t in config.targets}
+        self.targets = {t.name: TargetState(t, config) for t in config.targets}
         self._client = client
         self._semaphore = asyncio.Semaphore(config.scrape.max_concurrency)
+        self._api_semaphore = asyncio.Semaphore(
+            min(config.scrape.max_concurrency, API_MAX_CONCURRENCY)
+        )
         self._last_health: dict[tuple[str, str], TargetHealth] = {}
         self.nvml: NvmlCollector | None = None
         self.gpu_deriver: GpuSliDeriver | None = None
@@ -200,26 +241,53 @@ class Collector:
                     timeout=self.config.timeout_for(target),
                     max_bytes=self.config.scrape.max_body_bytes, headers=target.headers,
                 )
-            families = parse(body.text)
+            # Off the event loop: a body that takes the reference parser can take seconds.
+            raw, derived = await asyncio.to_thread(self._parse_and_derive, state, body.text, now)
         except (ScrapeError, ParseError) as exc:
             reason = exc.reason if isinstance(exc, ScrapeError) else f"unparsable body: {exc}"
-            health = TargetHealth(name, "metrics", now, False, time.perf_counter() - start, 0,
-                                  reason)
-            await self._record(health)
-            await asyncio.to_thread(self.store.write, name, now, self._up_samples(health))
-            return health
-        snap = Snapshot(name, now, tuple(families))
-        raw = list(snap.samples())
-        derived = state.deriver.derive(snap, state.configs)
+            return await self._scrape_failed(state, now, start, reason)
+        except Exception as exc:
+            # A bug, not a broken target: health goes down (never stale "up"), the job
+            # listener counts and logs the exception.
+            await self._scrape_failed(
+                state, now, start, f"scrape of target {name!r} failed: {exc!r}"
+            )
+            raise
         state.latest = derived
         state.latest_raw = raw
-        samples = raw + derived
+        health = TargetHealth(name, "metrics", now, True, time.perf_counter() - start, len(raw))
+        samples = raw + derived + self._up_samples(health)
         if target.labels:
             samples = _with_target_labels(samples, target.labels)
-        health = TargetHealth(name, "metrics", now, True, time.perf_counter() - start, len(raw))
-        samples.extend(self._up_samples(health))
         await asyncio.to_thread(self.store.write, name, now, samples)
         await self._record(health)
+        return health
+
+    @staticmethod
+    def _parse_and_derive(
+        state: TargetState, text: str, now: float
+    ) -> tuple[list[Sample], list[Sample]]:
+        # Runs in a worker thread.
+        snap = Snapshot(state.config.name, now, tuple(parse(text)))
+        raw = list(snap.samples())
+        with state.derive_lock:
+            derived = state.deriver.derive(snap, state.configs)
+        return raw, derived
+
+    async def _scrape_failed(
+        self, state: TargetState, now: float, start: float, reason: str
+    ) -> TargetHealth:
+        # The last good snapshot is no longer the target's state: the GPU join must not keep
+        # joining a dead server's frozen queue with live NVML readings.
+        state.latest = []
+        state.latest_raw = []
+        name = state.config.name
+        health = TargetHealth(name, "metrics", now, False, time.perf_counter() - start, 0, reason)
+        await self._record(health)
+        samples = self._up_samples(health)
+        if state.config.labels:
+            samples = _with_target_labels(samples, state.config.labels)
+        await asyncio.to_thread(self.store.write, name, now, samples)
         return health
 
     @staticmethod
@@ -233,26 +301,66 @@ class Collector:
         ]
 
     async def read_api(self, name: str) -> TargetHealth:
-        """Refresh model configs and statistics of one target."""
+        """Refresh model configs and statistics of one target.
+
+        Health is recorded before anything that needs the database, so a down store never
+        leaves the API's health stale; any failure of the reading itself marks it down.
+        """
         state = self.targets[name]
         now = self.clock()
         if state.api is None:
             raise ValueError(f"target {name!r} has no API endpoint")
         try:
-            reading = await state.api.read(now)
+            async with self._api_semaphore:
+                reading = await state.api.read(now)
+            state.set_configs(reading.configs)
+            samples, raw_count = await asyncio.to_thread(self._derive_api, state, reading.stats)
         except TritonApiError as exc:
             health = TargetHealth(name, "api", now, False, 0.0, 0, exc.reason)
             await self._record(health)
             return health
-        state.set_configs(reading.configs)
-        raw = list(reading.stats.samples())
-        derived = state.deriver.derive(reading.stats, state.configs)
-        await asyncio.to_thread(self.store.write, name, now, raw + derived)
-        for model, config in reading.raw_configs.items():
-            await asyncio.to_thread(self.store.put_model_config, name, model, config, now)
-        health = TargetHealth(name, "api", now, True, reading.duration_s, len(raw))
+        except Exception as exc:
+            # Bad values in the JSON, a missing key...: down, naming the target, and re-raised
+            # so the job listener counts it.
+            health = TargetHealth(name, "api", now, False, 0.0, 0,
+                                  f"API reading of target {name!r} failed: {exc!r}")
+            await self._record(health)
+            raise
+        health = TargetHealth(name, "api", now, True, reading.duration_s, raw_count)
         await self._record(health)
+        await asyncio.to_thread(self.store.write, name, now, samples)
+        await self._write_configs(state, reading.raw_configs, now)
         return health
+
+    @staticmethod
+    def _derive_api(state: TargetState, stats: Snapshot) -> tuple[list[Sample], int]:
+        # Runs in a worker thread: every stored sample of the reading, and how many were raw.
+        raw = list(stats.samples())
+        with state.derive_lock:
+            derived = state.deriver.derive(stats, state.configs)
+        samples = raw + derived
+        if state.config.labels:
+            samples = _with_target_labels(samples, state.config.labels)
+        return samples, len(raw)
+
+    async def _write_configs(
+        self, state: TargetState, raw_configs: Mapping[str, dict[str, Any]], now: float
+    ) -> None:
+        """Write the model configs that changed since the last successful write.
+
+        A failed write (database down) raises for the job listener; what was not written is
+        retried on the next reading.
+        """
+        written = state.written_configs
+        for model in [m for m in written if m not in raw_configs]:
+            del written[model]  # unloaded: write it again when it comes back
+        for model, config in raw_configs.items():
+            if written.get(model) == config:
+                continue
+            await asyncio.to_thread(
+                self.store.put_model_config, state.config.name, model, config, now
+            )
+            written[model] = config
 
     async def read_nvml(self) -> TargetHealth:
         """Local GPUs through NVML, joined with every target's view of the same GPUs.
@@ -347,7 +455,7 @@ class Collector:
         scheduler.add_job(
             func, "interval", seconds=interval, id=job_id, name=job_id, args=args or [],
             next_run_time=now + timedelta(
-                seconds=offset if job_id.startswith(("scrape:", "probe:")) else 0
+                seconds=offset if job_id.startswith(("scrape:", "api:", "probe:")) else 0
             ),
             coalesce=True, max_instances=1, misfire_grace_time=max(1, int(interval)),
             replace_existing=True,

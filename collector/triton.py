@@ -10,11 +10,15 @@ deriver as /metrics.  Two quirks are handled here, once:
 * gRPC's JSON (protobuf mapping) renders uint64 as strings, HTTP as numbers: ``_int`` takes both.
 * ``batch_stats`` entries have no top-level ``count``; the executions of a batch size are the
   ``compute_infer.count`` of its entry.
+* In EXPLICIT model-control mode the repository index lists unloaded models without a
+  ``state``; only ``READY`` models are read, and a model whose config cannot be read (unloaded
+  between the index and the config call) is skipped rather than failing the whole reading.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
@@ -22,6 +26,8 @@ from urllib.parse import urlsplit
 
 from schemas.samples import MetricFamily, Sample, Snapshot, make_labels
 from schemas.triton import ModelConfigInfo
+
+log = logging.getLogger(__name__)
 
 
 class TritonApiError(ConnectionError):
@@ -172,13 +178,22 @@ class TritonApi:
         index = self._call("get_model_repository_index")
         if isinstance(index, Mapping):  # gRPC as_json
             index = index.get("models", [])
+        # Only READY models have a config to read.  In EXPLICIT model-control mode the index
+        # also lists models that are not loaded, without any ``state``: those are not ready.
         ready = sorted(
-            {str(m["name"]) for m in index if str(m.get("state", "READY")).upper() == "READY"}
+            {str(m["name"]) for m in index if str(m.get("state") or "").upper() == "READY"}
         )
         raw_configs: dict[str, dict[str, Any]] = {}
         configs: dict[str, ModelConfigInfo] = {}
         for name in ready:
-            raw = self._call("get_model_config", name)
+            try:
+                raw = self._call("get_model_config", name)
+            except TritonApiError as exc:
+                # Unloaded between the index and now (or otherwise gone): skip this model,
+                # keep the reading of the others.
+                log.info("%s: no config for model %r, skipped: %s", self.target, name,
+                         exc.reason)
+                continue
             raw = dict(raw.get("config", raw))
             raw_configs[name] = raw
             configs[name] = parse_model_config(raw)

@@ -11,8 +11,10 @@ sizes accept ``KiB``/``MiB``/``GiB`` suffixes or plain bytes.
 
 from __future__ import annotations
 
+import math
 import os
 import re
+import unicodedata
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
@@ -30,6 +32,8 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 
 from schemas.nvml import NvmlConfig
 from schemas.probes import ProbeConfig
@@ -72,6 +76,8 @@ def parse_duration(value: Any) -> float:
                 ) from None
     else:
         raise ValueError(f"invalid duration {value!r}")
+    if not math.isfinite(seconds):
+        raise ValueError(f"invalid duration {value!r}: must be a finite number of seconds")
     if seconds < 0:
         raise ValueError(f"duration {value!r} must not be negative")
     return seconds
@@ -119,11 +125,41 @@ def _grpc_address(value: str) -> str:
     host, sep, port = value.rpartition(":")
     if not sep or not host or not port.isdigit():
         raise ValueError(f"{value!r} is not host:port")
+    if not 1 <= int(port) <= 65535:
+        raise ValueError(f"{value!r}: port {int(port)} is outside 1-65535")
     return value
+
+
+# RFC 9110 field names are tokens.
+_HEADER_NAME_RE = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
+
+
+def check_headers(headers: dict[str, str]) -> dict[str, str]:
+    """Refuse header names that are not HTTP tokens and values holding control characters.
+
+    A CR or LF in a value would split the request (or make the HTTP client raise an error
+    that quotes the whole value, usually a secret), so it is refused here, at config time.
+    Messages name the header but never quote its value.
+    """
+    for name, value in headers.items():
+        if not _HEADER_NAME_RE.match(name):
+            raise ValueError(
+                f"header name {name!r} is not a valid HTTP field name (letters, digits and "
+                "!#$%&'*+-.^_`|~ only; no spaces, colons or control characters)"
+            )
+        bad = next((ch for ch in value if unicodedata.category(ch) in ("Cc", "Zl", "Zp")), None)
+        if bad is not None:
+            # The character's code is safe to show; the value (often a secret) is not.
+            raise ValueError(
+                f"header {name!r}: value contains a control character (U+{ord(bad):04X}; "
+                "CR, LF and other control characters are not allowed); value not shown"
+            )
+    return headers
 
 
 HttpUrl = Annotated[str, AfterValidator(_http_url)]
 GrpcAddress = Annotated[str, AfterValidator(_grpc_address)]
+Headers = Annotated[dict[str, str], AfterValidator(check_headers)]
 
 
 class _Frozen(BaseModel):
@@ -134,6 +170,10 @@ class _Frozen(BaseModel):
 class TargetConfig(_Frozen):
     """One Triton server to watch."""
 
+    # Header values are secrets: keep them out of ValidationError's text (when validated on
+    # its own; inside ``Config`` the outer model's setting applies).
+    model_config = ConfigDict(hide_input_in_errors=True)
+
     name: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:\-]+$")
     """Unique name; stored as the ``target`` of every series from this server."""
     metrics_url: HttpUrl
@@ -142,14 +182,15 @@ class TargetConfig(_Frozen):
     """Triton's HTTP API (``http://host:8000``): statistics and model configs."""
     grpc_url: GrpcAddress | None = None
     """Triton's gRPC API (``host:8001``); used for statistics when ``http_url`` is unset."""
-    headers: dict[str, str] = Field(default_factory=dict)
-    """Extra HTTP headers on every request (e.g. ``Authorization``); values are never logged."""
+    headers: Headers = Field(default_factory=dict)
+    """Extra HTTP headers on every request (e.g. ``Authorization``); values are never logged.
+    Values must not contain CR, LF or other control characters."""
     labels: dict[str, str] = Field(default_factory=dict)
     """Extra labels attached to this target (cluster, region, ...)."""
     scrape_interval: PositiveDuration | None = None
     """Overrides ``scrape.interval`` for this target."""
     scrape_timeout: PositiveDuration | None = None
-    """Overrides ``scrape.timeout`` for this target."""
+    """Overrides ``scrape.timeout`` for this target; must not exceed the target's interval."""
     max_batch_size: dict[str, int] = Field(default_factory=dict)
     """Fill-rate denominators per model, for servers whose model-config API is unreachable."""
 
@@ -183,11 +224,26 @@ class ScrapeConfig(_Frozen):
         return self
 
 
+#: The store re-resolves every series it writes this often (``store.store.SERIES_CACHE_TTL_S``,
+#: not imported: schemas must not depend on the store); raw retention must be longer.
+_SERIES_CACHE_TTL_S = 600.0
+
+
 class RetentionConfig(_Frozen):
     raw: PositiveDuration = 15 * 86400.0
-    """How long raw samples are kept."""
+    """How long raw samples are kept; must exceed 10 minutes."""
     rollup_5m: PositiveDuration = 90 * 86400.0
     rollup_1h: PositiveDuration = 400 * 86400.0
+
+    @field_validator("raw")
+    @classmethod
+    def _longer_than_series_cache(cls, value: float) -> float:
+        if value <= _SERIES_CACHE_TTL_S:
+            raise ValueError(
+                f"must exceed 10 minutes ({_SERIES_CACHE_TTL_S:g}s), got {value:g}s: the store "
+                "re-resolves its series that often and relies on raw samples outliving that"
+            )
+        return value
 
 
 class StoreConfig(_Frozen):
@@ -203,6 +259,19 @@ class StoreConfig(_Frozen):
         scheme = value.split(":", 1)[0]
         if scheme not in ("sqlite", "postgresql", "postgresql+psycopg", "postgres"):
             raise ValueError("must start with sqlite:/// or postgresql://")
+        # The checks of store.engine.parse_url, replicated (schemas must not import store).
+        # Messages never quote the URL: it may hold a password.
+        try:
+            parsed = make_url(value)
+        except (ArgumentError, ValueError):  # ValueError: e.g. a port that is not a number
+            raise ValueError(
+                "is not a database URL (use sqlite:///path.db or postgresql://user@host/db)"
+            ) from None
+        if parsed.get_backend_name() == "sqlite" and parsed.database in (None, "", ":memory:"):
+            raise ValueError(
+                "names no database file (an in-memory database is not shared between "
+                "connections); use sqlite:///path/to/file.db"
+            )
         return value
 
 
@@ -210,7 +279,8 @@ class ApiConfig(_Frozen):
     listen: str = "127.0.0.1:8080"
     """host:port of the HTTP API (health, /metrics, queries)."""
     token: str | None = None
-    """Bearer token required by write endpoints; also read from TRITONWATCH_API_TOKEN."""
+    """Bearer token required by write endpoints.  The environment variable
+    TRITONWATCH_API_TOKEN, when set and non-empty, overrides this value."""
 
     @field_validator("token")
     @classmethod
@@ -227,6 +297,10 @@ class ApiConfig(_Frozen):
 
 
 class Config(_Frozen):
+    # ValidationError's text would quote inputs, header values (secrets) included; the lines of
+    # ConfigError never do.  Only the outermost model's setting counts.
+    model_config = ConfigDict(hide_input_in_errors=True)
+
     version: int = 1
     """Version of this file's format."""
     targets: tuple[TargetConfig, ...] = ()
@@ -257,6 +331,17 @@ class Config(_Frozen):
         return self
 
     @model_validator(mode="after")
+    def _target_timeouts_within_interval(self) -> Config:
+        for i, target in enumerate(self.targets):
+            timeout, interval = target.scrape_timeout, self.interval_for(target)
+            if timeout is not None and timeout > interval:
+                raise ValueError(
+                    f"targets[{i}].scrape_timeout: {timeout:g}s must not exceed the target's "
+                    f"scrape interval ({interval:g}s)"
+                )
+        return self
+
+    @model_validator(mode="after")
     def _probes_resolve(self) -> Config:
         targets = {t.name: t for t in self.targets}
         names: set[str] = set()
@@ -282,7 +367,11 @@ class Config(_Frozen):
         return target.scrape_interval or self.scrape.interval
 
     def timeout_for(self, target: TargetConfig) -> float:
-        return min(target.scrape_timeout or self.scrape.timeout, self.interval_for(target))
+        """The target's own ``scrape_timeout`` (validated: at most its interval), else
+        ``scrape.timeout`` capped at the target's interval (a shorter per-target interval)."""
+        if target.scrape_timeout is not None:
+            return target.scrape_timeout
+        return min(self.scrape.timeout, self.interval_for(target))
 
 
 class ConfigError(ValueError):
@@ -304,21 +393,33 @@ def _key_path(loc: tuple[int | str, ...]) -> str:
     return path or "(top level)"
 
 
+API_TOKEN_ENV = "TRITONWATCH_API_TOKEN"
+
+
 def validate_config(data: Any, source: str = "<config>") -> Config:
+    """Validate parsed YAML.  ``TRITONWATCH_API_TOKEN``, when set and non-empty, sets
+    ``api.token`` and wins over the file's value (deployments inject the secret that way)."""
     if data is None:
         data = {}
     if not isinstance(data, Mapping):
         raise ConfigError(source, [f"(top level): expected a mapping, got {type(data).__name__}"])
     data = dict(data)
-    token = os.environ.get("TRITONWATCH_API_TOKEN")
+    token = os.environ.get(API_TOKEN_ENV)
     if token:
-        api = dict(data.get("api") or {})
-        api.setdefault("token", token)
-        data["api"] = api
+        api = data.get("api")
+        # Anything but a mapping is left for validation to report.
+        if api is None or isinstance(api, Mapping):
+            data["api"] = {**(api or {}), "token": token}
     try:
         return Config.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(source, error_lines(exc)) from None
+        lines = [_KEYED_TOP_LEVEL_RE.sub("", line) for line in error_lines(exc)]
+        if token:
+            lines = [
+                f"{line} (from {API_TOKEN_ENV})" if line.startswith("api.token:") else line
+                for line in lines
+            ]
+        raise ConfigError(source, lines) from None
 
 
 def error_lines(exc: ValidationError) -> list[str]:
@@ -330,6 +431,10 @@ def error_lines(exc: ValidationError) -> list[str]:
         message = str(err["msg"]).removeprefix("Value error, ")
         lines.append(f"{_key_path(tuple(err['loc']))}: {message}")
     return lines
+
+
+# A top-level check of ``Config`` that names the key itself: ``targets[0].scrape_timeout: ...``.
+_KEYED_TOP_LEVEL_RE = re.compile(r"^\(top level\): (?=[A-Za-z_]\w*(\[\d+\])?(\.\w+(\[\d+\])?)*: )")
 
 
 def load_config(path: str | Path | None) -> Config:

@@ -58,7 +58,10 @@ class InferInput(BaseModel):
 class ProbeConfig(BaseModel):
     """One synthetic probe (``probes[]`` in ``tritonwatch.yaml``)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+    # hide_input_in_errors: header values are secrets, keep them out of ValidationError's text.
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", use_attribute_docstrings=True, hide_input_in_errors=True
+    )
 
     name: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:\-]+$")
     """Unique probe name; the ``probe`` label of its series."""
@@ -95,6 +98,8 @@ class ProbeConfig(BaseModel):
     """Requests per new connection that are sent but not measured."""
     labels: dict[str, str] = Field(default_factory=dict)
     headers: dict[str, str] = Field(default_factory=dict)
+    """Extra request headers / gRPC metadata; values are never logged and must not contain
+    CR, LF or other control characters."""
     tokenizer: str | None = None
     """Path to a local ``tokenizer.json`` (Hugging Face format) to count output tokens with;
     unset, or unavailable at run time: streamed chunks count as tokens."""
@@ -109,6 +114,13 @@ class ProbeConfig(BaseModel):
         from schemas.config import parse_duration
 
         return None if value is None else parse_duration(value)
+
+    @field_validator("headers")
+    @classmethod
+    def _headers(cls, value: dict[str, str]) -> dict[str, str]:
+        from schemas.config import check_headers
+
+        return check_headers(value)
 
     @field_validator("prompts")
     @classmethod

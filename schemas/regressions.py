@@ -31,7 +31,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from schemas.config import Duration, PositiveDuration
 
@@ -51,6 +58,27 @@ DEFAULT_RULE_NAMES: tuple[str, ...] = (
 )
 
 _NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.:\-]*$"
+
+#: ``min_effect`` and ``load_tolerance`` of the built-in regression rules (``alerts/defaults.py``
+#: builds them from this), so that ``defaults.overrides`` are checked when the file is read.
+#: Every tolerance is below the effect: the watched series follow load.
+BUILTIN_REGRESSIONS: dict[str, tuple[float, float]] = {
+    "batch_fill_rate_regression": (0.2, 0.15),
+    "kv_cache_regression": (0.2, 0.15),
+    "gpu_utilization_regression": (0.2, 0.15),
+    "ttft_regression": (0.2, 0.1),
+    "itl_regression": (0.2, 0.1),
+}
+
+
+def check_load_tolerance(load_tolerance: float, min_effect: float, fix: str) -> None:
+    """ValueError unless ``load_tolerance`` < ``min_effect`` (with a load series set)."""
+    if load_tolerance >= min_effect:
+        raise ValueError(
+            f"load_tolerance ({load_tolerance:g}) must be below min_effect ({min_effect:g}) "
+            "while load_series is set: the watched series follow load, so a load drift that "
+            f"large passes for a regression on its own ({fix})"
+        )
 
 
 def _unknown(name: str) -> str:
@@ -101,8 +129,11 @@ class RegressionSpec(_Frozen):
     """Skip when the baseline median (absolute) is at or below this (e.g. near-zero series)."""
     load_series: str | None = "sli:request_rate"
     """Series measuring load for the same target and model; ``null`` disables the guard."""
-    load_tolerance: float = Field(default=0.25, gt=0)
-    """Largest relative difference of the load medians for which the windows are comparable."""
+    load_tolerance: float = Field(default=0.1, gt=0, validate_default=True)
+    """Largest relative difference of the load medians for which the windows are comparable.
+    Must be below ``min_effect`` when ``load_series`` is set: series such as the fill rate or
+    the latency track load, so a tolerated load drift as large as ``min_effect`` would let a
+    plain traffic change pass for a regression."""
     related: tuple[str, ...] | None = None
     """Series of the same model quoted in the annotations ("what moved with it"); ``null``
     picks a set that suits ``series``."""
@@ -125,6 +156,16 @@ class RegressionSpec(_Frozen):
                 f"{self.step:g} s"
             )
         return self
+
+    @field_validator("load_tolerance")
+    @classmethod
+    def _tolerance_below_effect(cls, value: float, info: ValidationInfo) -> float:
+        # min_effect and load_series are declared (so validated) before load_tolerance.
+        min_effect = info.data.get("min_effect")
+        if info.data.get("load_series") is not None and min_effect is not None:
+            check_load_tolerance(value, min_effect,
+                                 "lower load_tolerance, or set load_series: null")
+        return value
 
 
 class DefaultOverride(_Frozen):
@@ -180,7 +221,17 @@ class DefaultsSpec(_Frozen):
     @field_validator("overrides")
     @classmethod
     def _known_overrides(cls, value: dict[str, DefaultOverride]) -> dict[str, DefaultOverride]:
-        for n in value:
+        for n, o in value.items():
             if n not in DEFAULT_RULE_NAMES:
                 raise ValueError(_unknown(n))
+            if n in BUILTIN_REGRESSIONS:
+                effect, tolerance = BUILTIN_REGRESSIONS[n]
+                try:
+                    check_load_tolerance(
+                        tolerance if o.load_tolerance is None else o.load_tolerance,
+                        effect if o.min_effect is None else o.min_effect,
+                        "lower load_tolerance, or raise min_effect",
+                    )
+                except ValueError as exc:
+                    raise ValueError(f"{n}: {exc}") from None
         return value

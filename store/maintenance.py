@@ -2,11 +2,22 @@
 
 Both jobs commit in bounded steps so that a SQLite writer (one at a time) never waits long
 behind them, and so that an interrupted run resumes where it stopped.
+
+Late samples.  A rollup summarises the buckets below its watermark once; samples committed
+below the watermark later (a buffer flushed after a database outage, a second collector sharing
+PostgreSQL whose flush lags) would never be summarised, and raw retention would then delete
+them.  So every flush that writes samples older than the 5 m watermark moves it back to the
+start of the earliest affected bucket, in the flush's own transaction (:func:`rewind_watermarks`),
+and the 1 h watermark back to the start of that bucket's hour; the next rollup summarises those
+buckets again (the upsert makes that safe).  Buckets whose source rows retention has begun to
+delete are never summarised again (the ``*_horizon_ms`` keys): a partial bucket would overwrite
+a complete rollup row.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
@@ -21,10 +32,15 @@ log = logging.getLogger(__name__)
 
 WATERMARK_5M = "rollup_5m_watermark_ms"
 WATERMARK_1H = "rollup_1h_watermark_ms"
+#: Raw samples before this (5 m aligned) may have been deleted by retention: no 5 m bucket
+#: before it is summarised again.
+HORIZON_RAW = "raw_horizon_ms"
+#: Likewise for 5 m rows (1 h aligned) and the 1 h buckets built from them.
+HORIZON_5M = "rollup_5m_horizon_ms"
 
 #: A 5 m bucket is rolled up only once it ended this long ago, so samples of a scrape still in
-#: a writer's buffer (flushed every few seconds) land before their bucket is summarised.
-#: Samples arriving later than this stay in the raw table but are missing from the rollup.
+#: a writer's buffer (flushed every few seconds) usually land before their bucket is
+#: summarised.  Samples arriving later move the watermark back (:func:`rewind_watermarks`).
 ROLLUP_GRACE_MS = 120_000
 
 # Time span summarised per transaction.
@@ -57,10 +73,60 @@ def watermarks(conn: Connection) -> dict[int, int]:
     return out
 
 
-def advisory_lock(conn: Connection, key: int) -> None:
-    """On PostgreSQL, hold a transaction-scoped lock; SQLite's BEGIN IMMEDIATE already does."""
+def advisory_lock(conn: Connection, key: int, *, shared: bool = False) -> None:
+    """On PostgreSQL, hold a transaction-scoped lock; SQLite's BEGIN IMMEDIATE already does.
+
+    ``shared`` locks do not exclude each other, only the exclusive one.
+    """
     if conn.dialect.name == "postgresql":
-        conn.execute(select(func.pg_advisory_xact_lock(key)))
+        lock = func.pg_advisory_xact_lock_shared if shared else func.pg_advisory_xact_lock
+        conn.execute(select(lock(key)))
+
+
+def _floor(ms: int, res: int) -> int:
+    return ms // res * res
+
+
+def _ceil(ms: int, res: int) -> int:
+    return -(-ms // res) * res
+
+
+def _int_meta(conn: Connection, key: str) -> int | None:
+    value = get_meta(conn, key)
+    return None if value is None else int(value)
+
+
+def rewind_watermarks(conn: Connection, oldest_ms: int) -> int | None:
+    """Inside a flush's transaction: move the rollup watermarks back before ``oldest_ms``.
+
+    Called with the oldest timestamp the flush is writing.  If that lies below the 5 m
+    watermark, the watermark moves back to the start of its bucket (not below the raw
+    horizon), and the 1 h watermark to the start of that bucket's hour (not below the 5 m
+    horizon), so the next rollup summarises those buckets again.  Returns the new 5 m
+    watermark, or None when nothing moved.
+
+    On PostgreSQL the flush takes the rollup lock in shared mode: it waits for a rollup
+    transaction in progress (which may not have seen these samples) and reads the watermark
+    that rollup committed, while flushes still do not wait for each other.  On SQLite the
+    flush's BEGIN IMMEDIATE already serialises it with the rollup.
+    """
+    advisory_lock(conn, _PG_LOCK_ROLLUP, shared=True)
+    wm_5m = _int_meta(conn, WATERMARK_5M)
+    if wm_5m is None or oldest_ms >= wm_5m:
+        return None  # no rollup yet (the first one starts at the oldest sample), or not late
+    target = max(_floor(oldest_ms, ROLLUP_5M_MS), _int_meta(conn, HORIZON_RAW) or 0)
+    if target >= wm_5m:
+        return None  # older than raw retention: those buckets are never summarised again
+    set_meta(conn, WATERMARK_5M, str(target))
+    wm_1h = _int_meta(conn, WATERMARK_1H)
+    target_1h = max(_floor(target, ROLLUP_1H_MS), _int_meta(conn, HORIZON_5M) or 0)
+    if wm_1h is not None and target_1h < wm_1h:
+        set_meta(conn, WATERMARK_1H, str(target_1h))
+    log.info(
+        "store: late samples from %d ms: rollup watermark moved back from %d to %d ms",
+        oldest_ms, wm_5m, target,
+    )
+    return target
 
 
 def _rollup_stmt(conn: Connection, src: Table, dst: Table, *, lo: int, hi: int, res: int) -> Any:
@@ -93,13 +159,17 @@ Gate = AbstractContextManager[Any]
 
 
 def _roll(
-    engine: Engine, *, src: Table, dst: Table, res: int, key: str, hi: int, chunk: int,
-    gate: Gate,
+    engine: Engine, *, src: Table, dst: Table, res: int, key: str, horizon_key: str,
+    hi: Callable[[Connection], int | None], chunk: int, gate: Gate,
 ) -> int:
     written = 0
     while True:
         with gate, transaction(engine, write=True) as conn:
             advisory_lock(conn, _PG_LOCK_ROLLUP)
+            # Read under the lock: a flush may have moved a watermark back since the last step.
+            top = hi(conn)
+            if top is None:
+                return written
             stored = get_meta(conn, key)
             if stored is None:
                 # First run only: start at the oldest data (a full scan, once).
@@ -109,9 +179,11 @@ def _roll(
                 lo = int(first) // res * res
             else:
                 lo = int(stored)
-            if lo >= hi:
+            # Never summarise a bucket whose source rows retention has begun to delete.
+            lo = max(lo, _int_meta(conn, horizon_key) or 0)
+            if lo >= top:
                 return written
-            step_hi = min(hi, lo + chunk)
+            step_hi = min(top, lo + chunk)
             stmt = _rollup_stmt(conn, src, dst, lo=lo, hi=step_hi, res=res)
             # Not every dialect reports rowcount for INSERT ... SELECT unless asked to.
             result = conn.execute(stmt.execution_options(preserve_rowcount=True))
@@ -127,29 +199,32 @@ def rollup(engine: Engine, *, now_ms: int, gate: Gate | None = None) -> int:
     takes the write lock again and again.
     """
     gate = gate or nullcontext()
-    hi_5m = (now_ms - ROLLUP_GRACE_MS) // ROLLUP_5M_MS * ROLLUP_5M_MS
+    hi_5m = _floor(now_ms - ROLLUP_GRACE_MS, ROLLUP_5M_MS)
+
+    def hi_1h(conn: Connection) -> int | None:
+        # An hour is complete once all twelve of its 5 m buckets are.  Read in the rolling
+        # transaction: a late flush may have moved the 5 m watermark back meanwhile.
+        wm_5m = _int_meta(conn, WATERMARK_5M)
+        return None if wm_5m is None else _floor(wm_5m, ROLLUP_1H_MS)
+
     written = _roll(
         engine,
         src=t.samples,
         dst=t.rollups_5m,
         res=ROLLUP_5M_MS,
         key=WATERMARK_5M,
-        hi=hi_5m,
+        horizon_key=HORIZON_RAW,
+        hi=lambda _conn: hi_5m,
         chunk=_CHUNK_5M_MS,
         gate=gate,
     )
-    with transaction(engine, write=False) as conn:
-        wm_5m = get_meta(conn, WATERMARK_5M)
-    if wm_5m is None:
-        return written
-    # An hour is complete once all twelve of its 5 m buckets are.
-    hi_1h = int(wm_5m) // ROLLUP_1H_MS * ROLLUP_1H_MS
     written += _roll(
         engine,
         src=t.rollups_5m,
         dst=t.rollups_1h,
         res=ROLLUP_1H_MS,
         key=WATERMARK_1H,
+        horizon_key=HORIZON_5M,
         hi=hi_1h,
         chunk=_CHUNK_1H_MS,
         gate=gate,
@@ -222,13 +297,25 @@ def apply_retention(
     rollup has, whatever their age: a stalled rollup job delays retention instead of losing
     history.
     """
-    with transaction(engine, write=False) as conn:
+    gate = gate or nullcontext()
+    # Under the rollup lock, before anything is deleted: the watermarks cannot move meanwhile,
+    # and no rollup (nor a late flush moving a watermark back) reaches below the horizons
+    # once the rows under them start to go.
+    with gate, transaction(engine, write=True) as conn:
+        advisory_lock(conn, _PG_LOCK_ROLLUP)
         marks = watermarks(conn)
-    raw_cutoff = min(now_ms - raw_ms, marks.get(ROLLUP_5M_MS, 0))
-    cutoff_5m = min(now_ms - rollup_5m_ms, marks.get(ROLLUP_1H_MS, 0))
+        raw_cutoff = min(now_ms - raw_ms, marks.get(ROLLUP_5M_MS, 0))
+        cutoff_5m = min(now_ms - rollup_5m_ms, marks.get(ROLLUP_1H_MS, 0))
+        for key, cutoff, res in (
+            (HORIZON_RAW, raw_cutoff, ROLLUP_5M_MS),
+            (HORIZON_5M, cutoff_5m, ROLLUP_1H_MS),
+        ):
+            # The bucket holding the cutoff loses some rows: it is behind the horizon too.
+            horizon = _ceil(cutoff, res)
+            if horizon > (_int_meta(conn, key) or 0):
+                set_meta(conn, key, str(horizon))
     if raw_cutoff < now_ms - raw_ms:
         log.info("retention: raw samples kept until rolled up (5 m watermark %s)", raw_cutoff)
-    gate = gate or nullcontext()
     deleted = _delete_before(engine, t.samples, raw_cutoff, batch_rows=batch_rows, gate=gate)
     deleted += _delete_before(engine, t.rollups_5m, cutoff_5m, batch_rows=batch_rows, gate=gate)
     deleted += _delete_before(

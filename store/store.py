@@ -7,7 +7,9 @@ scrapes at once matters on SQLite, which rewrites a 4 KB page per series per com
 
 If a flush fails the samples go back to the front of the buffer and the next flush retries
 them, so a database restart loses nothing unless the outage outlasts the buffer bound
-(``10 * batch_rows`` samples; the oldest are dropped beyond it, with a warning).
+(``10 * batch_rows`` samples; the oldest are dropped beyond it, with a warning).  A flush that
+writes samples older than the rollup watermark moves the watermark back in the same transaction
+(``maintenance.rewind_watermarks``), so late samples are rolled up too.
 
 Values: NaN samples are skipped at ``write()`` (with a debug log).  SQLite cannot store NaN at
 all (it reads it back as NULL), and in Triton/Prometheus output NaN means "no observation yet"
@@ -310,8 +312,14 @@ class Store:
         last[:-1] = (sids[1:] != sids[:-1]) | (tss[1:] != tss[:-1])
         if not last.all():
             sids, tss, vals = sids[last], tss[last], vals[last]
+        if not len(sids):
+            return 0
         with transaction(self._engine, write=True) as conn:
             insert_columns(conn, sids, tss, vals)
+            # Samples older than the rollup watermark (a buffer flushed after an outage, or a
+            # lagging second writer) move it back in this same transaction, so they are rolled
+            # up before raw retention may delete them.
+            maintenance.rewind_watermarks(conn, int(tss.min()))
         return len(sids)
 
     def write_health(self, h: TargetHealth) -> None:

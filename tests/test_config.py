@@ -129,3 +129,183 @@ def test_config_is_frozen():
     config = validate_config({})
     with pytest.raises(ValueError, match="frozen"):
         config.scrape.interval = 1  # type: ignore[misc]
+
+
+# --- secrets in headers --------------------------------------------------------------------
+
+SECRET = "s3cr3t-token-value"
+
+
+@pytest.mark.parametrize(
+    "value",
+    [f"Bearer {SECRET}\n", f"Bearer {SECRET}\r\nX-Injected: y", f"Bearer\x00{SECRET}",
+     f"Bearer {SECRET}\x7f", f"Bearer {SECRET}\x85", f"Bearer\t{SECRET}"],
+    ids=["LF", "CRLF injection", "NUL", "DEL", "C1 NEL", "TAB"],
+)
+@pytest.mark.parametrize("where", ["targets", "probes"])
+def test_control_characters_in_header_values_are_refused_without_quoting_them(where, value):
+    headers = {"Authorization": value}
+    if where == "targets":
+        data = {"targets": [{"name": "a", "metrics_url": "http://x/metrics", "headers": headers}]}
+    else:
+        data = {"probes": [{"name": "p", "url": "h:8001", "model": "m", "headers": headers}]}
+    with pytest.raises(ConfigError) as info:
+        validate_config(data)
+    (line,) = info.value.errors
+    assert line.startswith(f"{where}[0].headers: header 'Authorization': value contains")
+    assert SECRET not in str(info.value) and SECRET not in repr(info.value.errors)
+
+
+@pytest.mark.parametrize("name", ["X-Bad\r\nInjected", "Bad Name", "Colon:", "", "Nul\x00"])
+@pytest.mark.parametrize("where", ["targets", "probes"])
+def test_header_names_must_be_http_tokens(where, name):
+    headers = {name: SECRET}
+    if where == "targets":
+        data = {"targets": [{"name": "a", "metrics_url": "http://x/metrics", "headers": headers}]}
+    else:
+        data = {"probes": [{"name": "p", "url": "h:8001", "model": "m", "headers": headers}]}
+    with pytest.raises(ConfigError) as info:
+        validate_config(data)
+    (line,) = info.value.errors
+    assert line.startswith(f"{where}[0].headers: header name {name!r} is not a valid")
+    assert SECRET not in str(info.value)
+
+
+def test_ordinary_headers_are_kept():
+    headers = {"Authorization": f"Bearer {SECRET}", "X-Api-Key": "a b=c;d/é"}
+    config = validate_config({
+        "targets": [{"name": "a", "metrics_url": "http://x/metrics", "headers": headers}],
+        "probes": [{"name": "p", "url": "h:8001", "model": "m", "headers": headers}],
+    })
+    assert config.targets[0].headers == headers and config.probes[0].headers == headers
+
+
+def test_validation_error_text_never_quotes_header_values():
+    from pydantic import ValidationError
+
+    from schemas.config import Config
+    from schemas.probes import ProbeConfig
+
+    bad = {"Authorization": f"Bearer {SECRET}\n"}
+    with pytest.raises(ValidationError) as info:
+        Config.model_validate({"targets": [{"name": "a", "metrics_url": "http://x/m",
+                                            "headers": bad}]})
+    assert SECRET not in str(info.value)
+    with pytest.raises(ValidationError) as info:
+        ProbeConfig(name="p", url="h:8001", model="m", headers=bad)
+    assert SECRET not in str(info.value)
+
+
+# --- validation gaps -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text", ["nan", "inf", "-inf", "Infinity", float("nan"), float("inf"),
+                                  "1e999", "9" * 400 + "s"])
+def test_non_finite_durations_are_refused_naming_the_input(text):
+    with pytest.raises(ValueError, match="must be a finite number") as info:
+        parse_duration(text)
+    assert repr(text) in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("data", "line"),
+    [
+        ({"scrape": {"interval": "nan"}}, "scrape.interval: invalid duration 'nan'"),
+        ({"scrape": {"interval": "inf", "timeout": "inf"}}, "scrape.timeout: invalid duration"),
+        ({"store": {"flush_interval": float("nan")}}, "store.flush_interval: invalid duration"),
+    ],
+)
+def test_non_finite_durations_in_the_file_name_their_key(data, line):
+    with pytest.raises(ConfigError) as info:
+        validate_config(data)
+    assert any(e.startswith(line) for e in info.value.errors), info.value.errors
+
+
+@pytest.mark.parametrize("raw", ["5m", "10m", "1s", 600])
+def test_raw_retention_must_exceed_the_series_cache_lifetime(raw):
+    with pytest.raises(ConfigError) as info:
+        validate_config({"store": {"retention": {"raw": raw}}})
+    (line,) = info.value.errors
+    assert line.startswith("store.retention.raw: must exceed 10 minutes")
+
+
+def test_raw_retention_just_over_ten_minutes_is_fine():
+    assert validate_config({"store": {"retention": {"raw": "10m1s"}}}).store.retention.raw == 601
+
+
+def test_target_scrape_timeout_over_its_interval_is_refused_not_clamped():
+    target = {"name": "a", "metrics_url": "http://x/metrics"}
+    with pytest.raises(ConfigError) as info:
+        validate_config({"targets": [
+            {**target, "name": "ok", "scrape_interval": "30s", "scrape_timeout": "20s"},
+            {**target, "scrape_interval": "5s", "scrape_timeout": "30s"},
+        ]})
+    assert info.value.errors == [
+        "targets[1].scrape_timeout: 30s must not exceed the target's scrape interval (5s)"
+    ]
+    # Against the global interval when the target has none of its own.
+    with pytest.raises(ConfigError, match=r"targets\[0\]\.scrape_timeout: 20s .* \(15s\)"):
+        validate_config({"targets": [{**target, "scrape_timeout": "20s"}]})
+    # An inherited scrape.timeout is still capped at a shorter per-target interval.
+    config = validate_config({"targets": [{**target, "scrape_interval": "5s"}]})
+    assert config.timeout_for(config.targets[0]) == 5
+    config = validate_config({"targets": [{**target, "scrape_timeout": "15s"}]})
+    assert config.timeout_for(config.targets[0]) == 15
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("sqlite://", "names no database file"),
+        ("sqlite:///", "names no database file"),
+        ("sqlite:///:memory:", "names no database file"),
+        ("sqlite:", "is not a database URL"),
+        ("postgresql://user:hunter2@[::1", "is not a database URL"),
+    ],
+)
+def test_store_urls_the_store_would_refuse_fail_validation(url, message):
+    with pytest.raises(ConfigError) as info:
+        validate_config({"store": {"url": url}})
+    (line,) = info.value.errors
+    assert line.startswith(f"store.url: {message}")
+    assert "hunter2" not in line
+
+
+@pytest.mark.parametrize("url", [DEFAULT_STORE_URL, "sqlite:////abs/tw.db",
+                                 "postgresql://u:p@db/tw", "postgresql+psycopg://db/tw"])
+def test_store_urls_the_store_accepts_pass(url):
+    from store.engine import parse_url
+
+    parse_url(url)  # the store agrees
+    assert validate_config({"store": {"url": url}}).store.url == url
+
+
+@pytest.mark.parametrize("listen", ["0.0.0.0:99999", "127.0.0.1:0", "[::1]:65536"])
+def test_api_listen_port_must_be_in_range(listen):
+    with pytest.raises(ConfigError, match=r"api\.listen: .*port \d+ is outside 1-65535"):
+        validate_config({"api": {"listen": listen}})
+
+
+@pytest.mark.parametrize("listen", ["0.0.0.0:1", "[::1]:65535", "localhost:8080"])
+def test_api_listen_ports_in_range_pass(listen):
+    assert validate_config({"api": {"listen": listen}}).api.listen == listen
+
+
+def test_token_from_environment_wins_over_the_file(monkeypatch):
+    monkeypatch.setenv("TRITONWATCH_API_TOKEN", "a-real-secret-of-32-characters!!")
+    config = validate_config({"api": {"token": "the-file-token-of-32-characters!", "listen":
+                                      "127.0.0.1:9000"}})
+    assert config.api.token == "a-real-secret-of-32-characters!!"
+    assert config.api.listen == "127.0.0.1:9000"
+    monkeypatch.setenv("TRITONWATCH_API_TOKEN", "")  # empty: unset
+    assert validate_config({"api": {"token": "the-file-token-of-32-characters!"}}).api.token == (
+        "the-file-token-of-32-characters!"
+    )
+
+
+def test_a_placeholder_token_from_the_environment_says_where_it_came_from(monkeypatch):
+    monkeypatch.setenv("TRITONWATCH_API_TOKEN", "changeme")
+    with pytest.raises(ConfigError) as info:
+        validate_config({"api": {"token": "the-file-token-of-32-characters!"}})
+    (line,) = info.value.errors
+    assert line.startswith("api.token: is a placeholder") and "TRITONWATCH_API_TOKEN" in line

@@ -5,6 +5,12 @@ KV-cache, GPU, pending requests).  Two snapshots (two files, or one URL read twi
 ``--seconds`` apart) add the per-model rates and ratios (request rate, batch fill rate, queue
 time, ...).  Fill rate needs ``max_batch_size``: it is read from the live server's model-config
 API when the source is a URL (or ``--http-url``), or given as ``--max-batch-size MODEL=N``.
+
+The result's ``models`` is keyed by model name.  A model served in one version maps to the flat
+dict of its SLIs (``{"request_rate": 3.2, ...}``).  A model served in several versions at once
+(a canary rollout) maps to ``{"versions": {"1": {SLIs}, "2": {SLIs}}}`` instead: one version's
+numbers are never passed off as the model's.  ``model_versions`` lists every model's versions
+(``{"resnet": ["1"]}``), for the single-version case too.
 """
 
 from __future__ import annotations
@@ -68,11 +74,17 @@ def _clean(value: float) -> float | None:
     return None if math.isnan(value) or math.isinf(value) else round(value, 6)
 
 
+def _version_order(version: str) -> tuple[bool, int, str]:
+    # Numeric versions numerically (Triton's are integers), anything else after, by name.
+    return (not version.isdigit(), int(version) if version.isdigit() else 0, version)
+
+
 def summarise(
     families: Sequence[MetricFamily], derived: Sequence[Sample], interval: float | None,
     config_error: str | None = None,
 ) -> dict[str, Any]:
-    models: dict[str, dict[str, float | None]] = {}
+    """The ``--json`` result; see the module docstring for the shape of ``models``."""
+    per_version: dict[str, dict[str, dict[str, float | None]]] = {}
     gpus: dict[str, dict[str, float | None]] = {}
     server: dict[str, float | None] = {}
     for sample in derived:
@@ -82,18 +94,29 @@ def summarise(
         reason = label_value(sample.labels, "reason")
         key = f"{name}{{reason={reason}}}" if reason else name
         if model:
-            models.setdefault(model, {})[key] = _clean(sample.value)
+            version = label_value(sample.labels, "version")
+            per_version.setdefault(model, {}).setdefault(version, {})[key] = _clean(sample.value)
         elif gpu:
             gpus.setdefault(gpu, {})[key] = _clean(sample.value)
         else:
             server[key] = _clean(sample.value)
+    models: dict[str, dict[str, Any]] = {}
+    model_versions: dict[str, list[str]] = {}
+    for model, versions in sorted(per_version.items()):
+        order = sorted(versions, key=_version_order)
+        model_versions[model] = order
+        if len(order) == 1:
+            models[model] = versions[order[0]]
+        else:
+            models[model] = {"versions": {v: versions[v] for v in order}}
     out: dict[str, Any] = {
         "families": [
             {"name": f.name, "type": f.type, "series": len(f.samples)} for f in families
         ],
         "series": sum(len(f.samples) for f in families),
         "interval_s": interval,
-        "models": dict(sorted(models.items())),
+        "models": models,
+        "model_versions": model_versions,
         "gpus": dict(sorted(gpus.items())),
         "server": server,
     }

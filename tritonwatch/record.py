@@ -8,8 +8,10 @@ Writes the recording format ``tritonwatch replay`` reads (see tritonwatch/replay
 - ``config/<model>.json``: with ``--stats-url``, every ready model's config, read once.
 
 Scrapes are taken at ``start + k * every`` for every ``k * every < for`` (no drift), so
-``--every 1 --for 3`` makes three.  File names are whole seconds when ``--every`` is at least
-1 s, milliseconds otherwise.  A failed scrape is reported and skipped; the recording goes on.
+``--every 1 --for 3`` makes three.  File names are whole seconds when ``--every`` is a whole
+number of seconds, milliseconds otherwise (``--every 1.5`` or ``500ms``: flooring those to the
+second would make the gaps replay sees uneven).  A failed scrape is reported and skipped;
+the recording goes on.
 """
 
 from __future__ import annotations
@@ -48,8 +50,9 @@ def api_base(stats_url: str) -> str:
 
 
 def stamp(ts: float, every: float) -> str:
-    """The file-name time of a scrape taken at ``ts``."""
-    return str(math.floor(ts)) if every >= 1 else f"{ts:.3f}"
+    """The file-name time of a scrape taken at ``ts``: whole seconds when ``every`` is a whole
+    number of seconds, else milliseconds (replay reads both)."""
+    return str(math.floor(ts)) if every >= 1 and float(every).is_integer() else f"{ts:.3f}"
 
 
 def scrape_count(every: float, duration: float) -> int:

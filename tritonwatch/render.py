@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rich.console import Console
@@ -31,14 +31,44 @@ def fmt(key: str, value: float | None, pattern: str) -> str:
     return pattern.format(value * 1000 if key in _MS else value)
 
 
-def model_table(models: Mapping[str, Mapping[str, float | None]], title: str) -> Table:
+def model_rows(
+    models: Mapping[str, Mapping[str, Any]], versions: Mapping[str, Sequence[str]] | None = None
+) -> list[tuple[str, str, Mapping[str, Any]]]:
+    """``(model, version, SLIs)`` per table row: one per version of a model served in several
+    (``{"versions": {...}}``, see ``tritonwatch.inspect``), else one per model, its version
+    taken from ``versions`` when known."""
+    rows = []
+    for model, slis in models.items():
+        per_version = slis.get("versions")
+        if isinstance(per_version, Mapping):
+            rows += [(model, str(v), vs) for v, vs in per_version.items()]
+        else:
+            known = (versions or {}).get(model) or [""]
+            rows.append((model, ", ".join(known), slis))
+    return rows
+
+
+def model_table(
+    models: Mapping[str, Mapping[str, Any]],
+    title: str,
+    versions: Mapping[str, Sequence[str]] | None = None,
+) -> Table:
+    """A row per model, or per model version when ``versions`` is given or a model has several
+    (the ``models`` / ``model_versions`` of ``tritonwatch inspect --json``)."""
+    rows = model_rows(models, versions)
     table = Table(title=title, title_justify="left")
     table.add_column("model")
-    present = [c for c in MODEL_COLUMNS if any(c[0] in m for m in models.values())]
+    show_version = versions is not None or any(
+        isinstance(slis.get("versions"), Mapping) for slis in models.values()
+    )
+    if show_version:
+        table.add_column("version")
+    present = [c for c in MODEL_COLUMNS if any(c[0] in slis for _, _, slis in rows)]
     for _, header, _ in present:
         table.add_column(header, justify="right")
-    for model, slis in models.items():
-        table.add_row(model, *(fmt(k, slis.get(k), p) for k, _, p in present))
+    for model, version, slis in rows:
+        cells = (fmt(k, slis.get(k), p) for k, _, p in present)
+        table.add_row(model, *((version,) if show_version else ()), *cells)
     return table
 
 
@@ -69,7 +99,7 @@ def render_inspect(result: Mapping[str, Any], console: Console | None = None) ->
     interval = result.get("interval_s")
     title = f"models (over {interval:g} s)" if interval else "models (single snapshot: gauges)"
     if result["models"]:
-        console.print(model_table(result["models"], title))
+        console.print(model_table(result["models"], title, result.get("model_versions", {})))
     if result["gpus"]:
         console.print(gpu_table(result["gpus"]))
     if result.get("config_error"):

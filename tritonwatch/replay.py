@@ -6,14 +6,18 @@ A **recording** (written by ``tritonwatch record``, or by hand) is a directory h
 - ``<unix-seconds>.stats.json`` (optional): the statistics API's JSON at that time;
 - ``config/<model>.json`` (optional): model configs (``max_batch_size`` for the fill rate);
 - ``probes.jsonl`` (optional): one probe result per line, ``{"ts", "model", "ok", "ttft_ms",
-  "itl_ms", "e2e_ms"}`` (``tokens``, ``error_kind``, ``probe`` optional).
+  "itl_ms", "e2e_ms"}`` (``tokens``, ``error_kind``, ``probe`` optional).  ``ok`` is a JSON
+  boolean, the latencies numbers (milliseconds) or null, ``probe`` a probe name
+  (``[A-Za-z0-9_.:-]``; default: the model name with other characters as ``_``).  A line that
+  is not so is a ``ReplayError`` naming the file and line.
 
 ``replay`` runs the live pipeline over it in simulated time, as fast as it can: parse →
 derive (one ``Deriver`` per recording, so rates come from consecutive scrapes exactly as live)
 → a throwaway SQLite store → ``Engine.evaluate`` at every scrape time (or every
-``eval_interval`` of simulated time).  Probe lines become the series ``collector/probes/sink.py``
-writes (``probe:ttft_seconds``, ``probe:slo_good``/``probe:slo_total``, ...; one run per
-``(ts, model)``) plus ``probe_results`` rows.
+``eval_interval`` of simulated time); probe lines stamped after the last scrape are evaluated
+at their own times after it, so none is left out.  Probe lines become the series
+``collector/probes/sink.py`` writes (``probe:ttft_seconds``, ``probe:slo_good``/
+``probe:slo_total``, ...; one run per ``(ts, model)``) plus ``probe_results`` rows.
 
 ``backtest`` evaluates the rules over a store's history instead, without writing alert state.
 
@@ -32,6 +36,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from itertools import pairwise
 from pathlib import Path
 from typing import Any, NamedTuple, cast
+
+from pydantic import ValidationError
 
 from alerts.engine import Engine
 from alerts.model import Rule
@@ -141,6 +147,53 @@ def load_recording(directory: str | Path) -> Recording:
     return Recording(root, scrapes, configs, probes)
 
 
+def _number(item: Mapping[str, Any], key: str, *, required: bool = False) -> float | None:
+    value = item.get(key)
+    if value is None:
+        if required:
+            raise ValueError(f"{key!r} is required (a number)")
+        return None
+    # bool is an int in Python: true/false are not numbers here.
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{key!r} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _probe_line(item: Any) -> dict[str, Any]:
+    """One probes.jsonl object, checked and normalised; ValueError says what is wrong."""
+    if not isinstance(item, dict):
+        raise ValueError("expected a JSON object")
+    if "model" not in item:
+        raise ValueError("'model' is missing")
+    if "ok" not in item:
+        raise ValueError("'ok' is missing")
+    if not isinstance(item["ok"], bool):
+        # "false" (a string) is truthy: refuse rather than count a failure as a success.
+        raise ValueError(f"'ok' must be true or false, got {item['ok']!r}")
+    item["ts"] = _number(item, "ts", required=True)
+    item["model"] = str(item["model"])
+    for key in ("ttft_ms", "itl_ms", "e2e_ms"):
+        _number(item, key)
+    tokens = item.get("tokens")
+    if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int)
+                               or tokens < 0):
+        raise ValueError(f"'tokens' must be a non-negative integer, got {tokens!r}")
+    probe = item.get("probe")
+    if probe is not None and not isinstance(probe, str):
+        raise ValueError(f"'probe' must be a string, got {probe!r}")
+    # The probe name and model as the live probe's config would take them.
+    name = probe or _probe_name(item["model"])
+    try:
+        ProbeConfig(name=name, target=DEFAULT_TARGET, model=item["model"])
+    except ValidationError as exc:
+        fields = {"name": f"'probe' {name!r}", "model": f"'model' {item['model']!r}"}
+        raise ValueError("; ".join(
+            f"{fields.get('.'.join(map(str, e['loc'])), 'line')}: {e['msg']}"
+            for e in exc.errors()
+        )) from None
+    return item
+
+
 def _load_probes(path: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         return []
@@ -150,13 +203,8 @@ def _load_probes(path: Path) -> list[dict[str, Any]]:
             if not line.strip():
                 continue
             try:
-                item = json.loads(line)
-                if not isinstance(item, dict):
-                    raise ValueError("expected a JSON object")
-                item["ts"] = float(item["ts"])
-                item["model"] = str(item["model"])
-                item["ok"] = bool(item["ok"])
-            except (ValueError, KeyError, TypeError) as exc:
+                item = _probe_line(json.loads(line))
+            except ValueError as exc:
                 raise ReplayError(f"{path}:{no}: bad probe line ({exc!s}): {line.strip()[:200]}")\
                     from None
             lines.append(item)
@@ -298,8 +346,17 @@ def replay(
     itl_slo: float | None = None,
 ) -> Outcome:
     """Replay a recording through ``rules`` (see the module docstring)."""
+    try:  # the SLOs the probe runs are judged against, checked as the live probe's config is
+        ProbeConfig(name="replay", model="replay", target=target, ttft_slo=ttft_slo,
+                    itl_slo=itl_slo)
+    except ValidationError as exc:
+        raise ReplayError("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}"
+                                    for e in exc.errors())) from None
     recording = load_recording(directory)
-    times = [s.ts for s in recording.scrapes] or sorted({p["ts"] for p in recording.probes})
+    times = [s.ts for s in recording.scrapes]
+    # Probe lines after the last scrape (or all of them, without scrapes) are evaluated at
+    # their own times: otherwise nothing would ever ingest them.
+    times += sorted({p["ts"] for p in recording.probes if not times or p["ts"] > times[-1]})
     start, end = times[0], times[-1]
     if eval_interval is not None:
         if not eval_interval > 0:

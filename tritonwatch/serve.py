@@ -2,7 +2,9 @@
 
 Shutdown order matters for "loses no data": on SIGTERM/SIGINT the API stops accepting
 requests, the scheduler stops starting jobs, running scrapes finish, and only then is the
-store's buffer flushed (retried a few times if the database is briefly away).
+store's buffer flushed (retried a few times if the database is briefly away).  If the database
+stays away, one error says how many samples were lost and where; serve() still returns normally
+and always removes the signal handlers it installed.
 """
 
 from __future__ import annotations
@@ -90,36 +92,41 @@ async def serve(
         await stop.wait()
         server.should_exit = True
 
-    log.info("serving %d target(s); store %s; API on %s:%d",
-             len(config.targets), store.url_redacted, host, port)
-    drain = _RunningJobs(scheduler)
-    scheduler.start()
-    tasks = [asyncio.create_task(_stop_server())]
-    side: asyncio.Task[None] | None = (
-        asyncio.create_task(sidecar(collector)) if sidecar else None
-    )
     try:
-        await server.serve()
+        try:
+            log.info("serving %d target(s); store %s; API on %s:%d",
+                     len(config.targets), store.url_redacted, host, port)
+            drain = _RunningJobs(scheduler)
+            scheduler.start()
+            tasks = [asyncio.create_task(_stop_server())]
+            side: asyncio.Task[None] | None = (
+                asyncio.create_task(sidecar(collector)) if sidecar else None
+            )
+            try:
+                await server.serve()
+            finally:
+                stop.set()
+                # Start nothing new, let running jobs (a scrape, a probe run, an evaluation in
+                # its worker thread) finish, then stop: cancelling them mid-way would lose their
+                # results and could close the store under an evaluation still writing to it.
+                scheduler.pause()
+                await drain.wait(JOB_DRAIN_TIMEOUT_S)
+                scheduler.shutdown(wait=False)
+                if side is not None:
+                    side.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await side
+                for task in tasks:
+                    task.cancel()
+                # Let in-flight scrapes (already awaiting I/O) land in the buffer first.
+                await asyncio.sleep(0)
+                await collector.close()
+                await asyncio.to_thread(alert_job.close)
+        finally:
+            # Flushes (retrying), then closes; logs lost samples instead of raising.
+            close_store(store)
     finally:
-        stop.set()
-        # Start nothing new, let running jobs (a scrape, a probe run, an evaluation in its
-        # worker thread) finish, then stop: cancelling them mid-way would lose their results
-        # and could close the store under an evaluation still writing to it.
-        scheduler.pause()
-        await drain.wait(JOB_DRAIN_TIMEOUT_S)
-        scheduler.shutdown(wait=False)
-        if side is not None:
-            side.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await side
-        for task in tasks:
-            task.cancel()
-        # Let in-flight scrapes (already awaiting I/O) land in the buffer before the flush.
-        await asyncio.sleep(0)
-        await collector.close()
-        await asyncio.to_thread(alert_job.close)
-        final_flush(store)
-        store.close()
+        # In all cases, so that a later Ctrl-C is not swallowed by a dead event loop's handler.
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.remove_signal_handler(sig)
@@ -156,13 +163,53 @@ class _RunningJobs:
                         timeout, ", ".join(sorted(self.running)))
 
 
-def final_flush(store: Store, attempts: int = 5, delay: float = 1.0) -> None:
+#: Flush attempts at shutdown, and the pause between two, while the database is briefly away.
+FINAL_FLUSH_ATTEMPTS = 5
+FINAL_FLUSH_DELAY_S = 1.0
+
+
+def close_store(store: Store, attempts: int | None = None, delay: float | None = None) -> None:
+    """Flush what is buffered, retrying, then close the store; never raises StoreError.
+
+    The last attempt is ``store.close()`` itself (which flushes, then releases the connections
+    whether that worked or not), so a database that stays away costs ``attempts`` flushes, not
+    one more.  If it fails, one error names the store and the samples lost.
+    """
+    attempts = FINAL_FLUSH_ATTEMPTS if attempts is None else max(1, attempts)
+    delay = FINAL_FLUSH_DELAY_S if delay is None else delay
+    for attempt in range(1, attempts):
+        try:
+            written = store.flush()
+        except ConnectionError as exc:
+            log.warning("final flush failed (attempt %d/%d): %s", attempt, attempts, exc)
+            time.sleep(delay)
+        else:
+            log.info("final flush wrote %d samples", written)
+            break
+    try:
+        store.close()
+    except ConnectionError as exc:
+        log.error(
+            "final flush failed (attempt %d/%d), giving up: %d buffered samples could not be "
+            "written to %s and are lost: %s",
+            attempts, attempts, store.buffered, store.url_redacted, exc,
+        )
+
+
+def final_flush(store: Store, attempts: int = 5, delay: float = 1.0) -> bool:
+    """Flush the buffer, retrying; True once written.  Logs failures, raises nothing.
+
+    Shutdown uses :func:`close_store`, which also closes the store.
+    """
     for attempt in range(1, attempts + 1):
         try:
             written = store.flush()
             log.info("final flush wrote %d samples", written)
-            return
+            return True
         except ConnectionError as exc:
             log.error("final flush failed (attempt %d/%d): %s", attempt, attempts, exc)
-            time.sleep(delay)
-    log.error("giving up: buffered samples could not be written to %s", store.url_redacted)
+            if attempt < attempts:
+                time.sleep(delay)
+    log.error("giving up: %d buffered samples could not be written to %s",
+              store.buffered, store.url_redacted)
+    return False

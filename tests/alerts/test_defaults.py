@@ -112,6 +112,46 @@ def test_quiet_on_steady_traffic_and_traffic_drop(store: Store, kind: str, size:
         t += 600.0
 
 
+@pytest.mark.parametrize("drop", [0.21, 0.24, 0.25])
+def test_fill_rate_that_follows_a_traffic_drop_is_not_a_regression(store: Store,
+                                                                   drop: float) -> None:
+    # Fill rate proportional to load, traffic down 21-25 %: the fill rate falls by as much, so
+    # a load guard as wide as min_effect (it was ±25 %) let it through as a regression.
+    rng = np.random.default_rng(7)
+    now = T0 + 6 * 3600.0
+    ts = T0
+    while ts <= now:
+        rate = 100.0 * ((1 - drop) if ts >= now - 900 else 1.0) * rng.uniform(0.97, 1.03)
+        fill = 0.5 * rate / 100.0 * rng.uniform(0.97, 1.03)
+        store.write("t1", ts, [Sample("sli:request_rate", M, rate),
+                               Sample("sli:batch_fill_rate", M, fill)])
+        ts += 15.0
+    store.flush()
+    spec = getattr(rule("batch_fill_rate_regression"), "spec")  # noqa: B009
+    assert spec.load_tolerance < spec.min_effect
+    assert rule("batch_fill_rate_regression").evaluate(store, now) == []
+    # The same data without the guard would fire: the guard is what keeps it quiet.
+    from alerts.detect import detect
+
+    assert detect(store, spec.model_copy(update={"load_series": None}), now)
+
+
+@pytest.mark.parametrize("name", ["batch_fill_rate_regression", "kv_cache_regression",
+                                  "gpu_utilization_regression", "ttft_regression",
+                                  "itl_regression"])
+def test_regression_defaults_tolerate_less_load_drift_than_their_effect(name: str) -> None:
+    spec = getattr(rule(name), "spec")  # noqa: B009
+    assert spec.load_series is not None and spec.load_tolerance < spec.min_effect
+    # An override that undoes it is refused when the rules file is read, naming the rule.
+    with pytest.raises(ValueError, match=rf"{name}: load_tolerance \(0.2\) must be below"):
+        DefaultsSpec.model_validate({"overrides": {name: {"load_tolerance": 0.2}}})
+    with pytest.raises(ValueError, match=rf"{name}: load_tolerance .* below min_effect \(0.05\)"):
+        DefaultsSpec.model_validate({"overrides": {name: {"min_effect": 0.05}}})
+    ok = DefaultsSpec.model_validate({"overrides": {name: {"load_tolerance": 0.2,
+                                                           "min_effect": 0.3}}})
+    assert getattr(rule(name, ok), "spec").load_tolerance == 0.2  # noqa: B009
+
+
 def test_annotation_numbers(store: Store) -> None:
     load(store, Scenario("ttft_increase", 0.5, 0, ONSET))
     (c,) = rule("ttft_regression").evaluate(store, ONSET + 25 * 60)

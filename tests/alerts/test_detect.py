@@ -12,6 +12,7 @@ from alerts.detect import (
     RegressionRule,
     detect,
     fmt_change,
+    load_comparable,
     mann_whitney_p,
     regression_rules,
     robust_z,
@@ -113,6 +114,54 @@ def test_traffic_drop_is_not_a_regression(store: Store) -> None:
     assert detect(store, SPEC.model_copy(update={"load_tolerance": 0.6}), NOW)
 
 
+def test_load_known_in_one_window_only_is_not_comparable(store: Store) -> None:
+    assert load_comparable(None, None, 0.1)  # no load data at all: the guard cannot apply
+    assert not load_comparable(20.0, None, 0.1)
+    assert not load_comparable(None, 20.0, 0.1)
+    assert load_comparable(21.0, 20.0, 0.1) and not load_comparable(23.0, 20.0, 0.1)
+    # The fill rate halves; the request rate is only stored during the baseline (traffic, or
+    # its exporter, stopped): nothing shows the load was comparable, so no verdict.
+    fill = step_at(ONSET, 0.6, 0.3)
+    rng = np.random.default_rng(0)
+    ts = T0
+    while ts <= NOW:
+        ss = [Sample("sli:batch_fill_rate", M, fill(ts) * float(rng.lognormal(0, 0.05)))]
+        if ts < NOW - SPEC.recent_window:
+            ss.append(Sample("sli:request_rate", M, 20.0 * float(rng.lognormal(0, 0.05))))
+        store.write("t1", ts, ss)
+        ts += 30.0
+    store.flush()
+    assert detect(store, SPEC, NOW) == []
+    assert detect(store, SPEC.model_copy(update={"load_series": None}), NOW)
+
+
+def test_load_known_only_now_is_not_comparable(store: Store) -> None:
+    fill = step_at(ONSET, 0.6, 0.3)
+    rng = np.random.default_rng(1)
+    ts = T0
+    while ts <= NOW:
+        ss = [Sample("sli:batch_fill_rate", M, fill(ts) * float(rng.lognormal(0, 0.05)))]
+        if ts >= NOW - SPEC.recent_window:
+            ss.append(Sample("sli:request_rate", M, 20.0 * float(rng.lognormal(0, 0.05))))
+        store.write("t1", ts, ss)
+        ts += 30.0
+    store.flush()
+    assert detect(store, SPEC, NOW) == []
+
+
+def test_no_load_data_at_all_is_judged_and_said(store: Store) -> None:
+    fill = step_at(ONSET, 0.6, 0.3)
+    rng = np.random.default_rng(2)
+    ts = T0
+    while ts <= NOW:
+        store.write("t1", ts, [Sample("sli:batch_fill_rate", M,
+                                      fill(ts) * float(rng.lognormal(0, 0.05)))])
+        ts += 30.0
+    store.flush()
+    (f,) = detect(store, SPEC, NOW)
+    assert "load unknown" in dict(f.candidate.annotations)["description"]
+
+
 def test_week_ago_baseline_is_used_when_history_exists(store: Store) -> None:
     # Fill fell 3 h ago: the trailing 4 h are mostly at the new level, last week was not.
     fill = step_at(NOW - 3 * 3600, 0.6, 0.35)
@@ -175,6 +224,23 @@ def test_statistics() -> None:
     assert fmt_change(3.0, 1.0) == "\u00d73.0"
     assert fmt_change(1.38, 1.0) == "+38 %"
     assert fmt_change(0.75, 1.0) == "-25 %"
+
+
+def test_load_tolerance_must_be_below_min_effect() -> None:
+    with pytest.raises(ValueError, match=r"load_tolerance\n.*load_tolerance \(0.25\) must be "
+                                         r"below min_effect \(0.2\)"):
+        RegressionSpec(name="x", series="s", direction="down", load_tolerance=0.25)
+    with pytest.raises(ValueError, match=r"load_tolerance \(0.3\) must be below min_effect"):
+        RegressionSpec.model_validate({"name": "x", "series": "s", "direction": "down",
+                                       "min_effect": 0.3, "load_tolerance": 0.3})
+    # The default tolerance (0.1) against a small min_effect: refused too, naming the key.
+    with pytest.raises(ValueError, match=r"load_tolerance \(0.1\) must be below min_effect"):
+        RegressionSpec(name="x", series="s", direction="down", min_effect=0.05)
+    assert SPEC.load_tolerance < SPEC.min_effect
+    RegressionSpec(name="x", series="s", direction="down", min_effect=0.5, load_tolerance=0.3)
+    # Without a load series there is no guard to compare with.
+    RegressionSpec.model_validate({"name": "x", "series": "s", "direction": "down",
+                                   "load_series": None, "load_tolerance": 0.5})
 
 
 def test_spec_validation() -> None:

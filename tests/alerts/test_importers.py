@@ -152,6 +152,58 @@ def test_sloth_slis_that_cannot_be_executed_are_refused(sli: dict[str, Any], exp
     assert any(e.startswith(expected) for e in err.value.errors), err.value.errors
 
 
+@pytest.mark.parametrize(
+    ("sli", "expected"),
+    [
+        pytest.param({"events": {
+            "error_query": 'sum(rate(nv_inference_request_failure{model="m", '
+                           'reason="REJECTED"}[{{.window}}]))',
+            "total_query": 'sum(rate(nv_inference_request_success{model="m"}[{{.window}}])) + '
+                           'sum(rate(nv_inference_request_failure{model="m"}[{{.window}}]))'}},
+            "slos[0].sli.events.error_query: matcher reason='REJECTED': the availability SLI "
+            "counts failures of every reason", id="a reason filter is refused, not dropped"),
+        pytest.param({"events": {
+            "error_query": 'sum(rate(tritonwatch_probe_ttft_seconds_count{model="m"}[5m])) - '
+                           'sum(rate(tritonwatch_probe_ttft_seconds_bucket{model="m",le="0.5"}'
+                           '[5m]))',
+            "total_query": 'sum(rate(tritonwatch_probe_ttft_seconds_count{model="m",'
+                           'job="tw"}[5m]))'}},
+            "slos[0].sli.events.total_query: matcher job='tw': only probe, model matchers",
+            id="an unknown matcher of a probe query is refused where it is"),
+        pytest.param({"events": {
+            "error_query": 'sum(tritonwatch_probe_errors_total{model="m",kind="timeout"})',
+            "total_query": 'sum(tritonwatch_probe_requests_total{model="m"})'}},
+            "slos[0].sli.events.error_query: matcher kind='timeout'",
+            id="the probe errors' kind is refused"),
+        pytest.param({"events": {
+            "error_query": 'sum(nv_inference_request_failure{model="a"})',
+            "total_query": 'sum(nv_inference_request_success{model="b"})'}},
+            "slos[0].sli.events.total_query: matcher model='b' contradicts model='a'",
+            id="contradicting matchers are refused"),
+    ],
+)
+def test_sloth_matchers_that_would_be_lost_are_refused(sli: dict[str, Any],
+                                                       expected: str) -> None:
+    doc = {"version": "prometheus/v1", "service": "s",
+           "slos": [{"name": "x", "objective": 99, "sli": sli}]}
+    with pytest.raises(ConfigError) as err:
+        import_sloth(doc)
+    assert any(e.startswith(expected) for e in err.value.errors), err.value.errors
+
+
+def test_sloth_raw_ratio_queries_translate_like_events() -> None:
+    # docs/rules.md: a raw error_ratio_query over recognised metrics translates.
+    doc = {"version": "prometheus/v1", "service": "s", "slos": [{
+        "name": "x", "objective": 99.9, "sli": {"raw": {"error_ratio_query": (
+            'sum(rate(nv_inference_request_failure{model="m",region="eu"}[{{.window}}])) / '
+            '(sum(rate(nv_inference_request_success{model="m",region="eu"}[{{.window}}])) + '
+            'sum(rate(nv_inference_request_failure{model="m",region="eu"}[{{.window}}])))'
+        )}}}]}
+    (slo,) = import_sloth(doc).slos
+    assert isinstance(slo.sli, AvailabilitySli)
+    assert (slo.sli.model, slo.sli.match) == ("m", {"region": "eu"})
+
+
 def test_sloth_objective_errors_keep_their_key_path() -> None:
     doc = {"version": "prometheus/v1", "service": "s", "slos": [{
         "name": "x", "objective": 100,

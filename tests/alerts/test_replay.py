@@ -220,3 +220,84 @@ def test_record_three_scrapes_from_the_rig_and_replay_them(triton_rig, tmp_path,
     seen: list[Any] = []
     outcome = replay(out, [LatestAbove("Up", "up", 0.5, window=0.5, seen=seen)])
     assert outcome.scrapes == 3 and [v for _, _, v in seen] == [1.0, 1.0, 1.0]
+
+
+@pytest.mark.parametrize(("every", "ms"), [(1.0, False), (15.0, False), (1.5, True),
+                                           (7.5, True), (0.5, True)])
+def test_record_names_files_so_replay_sees_the_real_gaps(tmp_path, monkeypatch, every, ms):
+    import asyncio
+
+    from collector.scrape import Body
+    from tritonwatch import record as rec_mod
+
+    now = [T0 + 0.25]
+
+    async def sleep(delay: float) -> None:
+        now[0] += delay
+
+    async def fetch(*_: Any, **__: Any) -> Body:
+        return Body("up 1\n", 0.0, 5)
+
+    monkeypatch.setattr(asyncio, "sleep", sleep)  # record() looks it up at each call
+    monkeypatch.setattr(rec_mod, "fetch_metrics", fetch)
+    out = tmp_path / "rec"
+    written = asyncio.run(rec_mod.record("http://triton.invalid/metrics", out, every=every,
+                                         duration=6 * every, clock=lambda: now[0]))
+    assert len(written) == 6
+    names = [p.name.removesuffix(".prom") for p in written]
+    assert all(("." in n) is ms for n in names), names
+    gaps = {round(b.ts - a.ts, 3) for a, b in zip(load_recording(out).scrapes,
+                                                  load_recording(out).scrapes[1:], strict=False)}
+    assert gaps == {every}
+
+
+def probe_lines(root: Path, lines: list[Any]) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "probes.jsonl").write_text("\n".join(x if isinstance(x, str) else json.dumps(x)
+                                                 for x in lines) + "\n")
+    return root
+
+
+GOOD = {"ts": T0, "model": "m", "ok": True, "ttft_ms": 10, "itl_ms": 1, "e2e_ms": 20}
+
+
+@pytest.mark.parametrize(("bad", "message"), [
+    ({"probe": "my probe"}, r"'probe' 'my probe': String should match pattern"),
+    ({"ok": "false"}, r"'ok' must be true or false, got 'false'"),
+    ({"ok": 0}, r"'ok' must be true or false, got 0"),
+    ({"ttft_ms": "fast"}, r"'ttft_ms' must be a finite number"),
+    ({"ts": None}, r"'ts' is required"),
+    ({"tokens": 1.5}, r"'tokens' must be a non-negative integer"),
+    ({"model": ""}, r"'model' '': String should have at least 1 character"),
+])
+def test_bad_probe_lines_name_the_file_and_line(tmp_path, capsys, bad, message):
+    rec = probe_lines(tmp_path / "rec", [GOOD, {**GOOD, "ts": T0 + 10, **bad}])
+    with pytest.raises(ReplayError, match=r"probes\.jsonl:2: bad probe line \(" + message):
+        load_recording(rec)
+    assert cli.main(["replay", str(rec)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("replay: ") and "probes.jsonl:2" in err and "Traceback" not in err
+
+
+def test_replay_refuses_bad_probe_slos_without_a_traceback(tmp_path, capsys, monkeypatch):
+    rec = probe_lines(tmp_path / "rec", [GOOD])
+    with pytest.raises(ReplayError, match="ttft_slo"):
+        replay(rec, [], ttft_slo=-1.0)
+    monkeypatch.setattr(cli, "_load_rules", lambda path: [])
+    assert cli.main(["replay", str(rec), "--itl-slo", "0"]) == 2
+    assert capsys.readouterr().err.startswith("replay: itl_slo")
+
+
+def test_probe_lines_after_the_last_scrape_are_replayed(tmp_path):
+    rec = rig_recording(tmp_path / "rec")  # scrapes at T0 .. T0 + 45
+    lines = [{**GOOD, "ts": T0 + offset, "ttft_ms": 400.0 if offset >= 60 else 50.0}
+             for offset in range(0, 120, 10)]
+    probe_lines(rec, lines)
+    seen: list[Any] = []
+    slow = LatestAbove("SlowTTFT", "probe:ttft_seconds", 0.2, window=5.0, for_s=20.0,
+                       seen=seen)
+    outcome = replay(rec, [slow])
+    assert outcome.end == T0 + 110
+    assert {now - T0 for now, _, _ in seen} >= {60, 70, 80, 90, 100, 110}
+    [alert] = outcome.alerts
+    assert (alert.fired_at, alert.resolved_at) == (T0 + 80, None)

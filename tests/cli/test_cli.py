@@ -113,3 +113,43 @@ def test_inspect_live_server_reads_max_batch_size_from_the_api(triton_rig, rig_l
     assert batcher["request_rate"] > 0
     assert 0 < batcher["batch_fill_rate"] <= 1
     assert batcher["batch_fill_rate"] == pytest.approx(batcher["avg_batch_size"] / 16)
+
+
+def test_check_config_refuses_a_sqlite_url_without_a_file(tmp_path):
+    path = tmp_path / "mem.yaml"
+    path.write_text("store: {url: 'sqlite://'}\n")
+    proc = run("check-config", str(path), check=False)
+    assert proc.returncode == 1
+    assert "store.url: names no database file" in proc.stderr
+
+
+def _versions_snapshot(counts):
+    lines = ["# TYPE nv_inference_request_success counter"]
+    lines += [f'nv_inference_request_success{{model="{m}",version="{v}"}} {n}'
+              for (m, v), n in counts.items()]
+    return "\n".join(lines) + "\n"
+
+
+def test_inspect_keeps_every_version_of_a_model_apart(tmp_path):
+    # A canary rollout: version 10 next to version 2 (numeric order), plus a one-version model.
+    a, b = tmp_path / "a.prom", tmp_path / "b.prom"
+    a.write_text(_versions_snapshot({("m", "10"): 0, ("m", "2"): 0, ("solo", "3"): 0}))
+    b.write_text(_versions_snapshot({("m", "10"): 10, ("m", "2"): 100, ("solo", "3"): 50}))
+    result = json.loads(run("inspect", str(a), str(b), "--seconds", "10", "--json").stdout)
+    assert result["models"]["m"] == {
+        "versions": {"2": {"request_rate": 10.0}, "10": {"request_rate": 1.0}}
+    }
+    assert list(result["models"]["m"]["versions"]) == ["2", "10"]
+    # One version: the flat dict of SLIs, as before; its version is in model_versions.
+    assert result["models"]["solo"] == {"request_rate": 5.0}
+    assert result["model_versions"] == {"m": ["2", "10"], "solo": ["3"]}
+
+    table = run("inspect", str(a), str(b), "--seconds", "10").stdout
+    rows = [line.replace("│", " ").split() for line in table.splitlines()
+            if line.startswith("│") and ("m " in line or "solo" in line)]
+    assert ["model", "version", "req/s"] in [
+        line.replace("┃", " ").split() for line in table.splitlines()
+    ]
+    assert [r for r in rows if r[0] in ("m", "solo")] == [
+        ["m", "2", "10.0"], ["m", "10", "1.0"], ["solo", "3", "5.0"]
+    ]

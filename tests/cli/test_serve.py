@@ -92,3 +92,53 @@ def test_serve_scrapes_the_rig_and_flushes_on_sigterm(triton_rig, rig_load, tmp_
         (rate,) = store.range("sli:request_rate", start=0, end=time.time(),
                               match={"model": "batcher"})
         assert len(rate.values) >= 2 and min(rate.values) > 0
+
+
+def test_serve_shuts_down_cleanly_when_the_final_flush_fails(tmp_path, monkeypatch, caplog):
+    # The database goes away just before shutdown: the final flush gives up after its attempts,
+    # closing the store must not flush (and fail) once more and raise out of serve(), and the
+    # signal handlers serve() installed must be gone afterwards.
+    import asyncio
+
+    from schemas.config import validate_config
+    from schemas.samples import Sample
+    from store import StoreError
+    from tritonwatch import serve as serve_mod
+
+    monkeypatch.setattr(serve_mod, "FINAL_FLUSH_DELAY_S", 0.0, raising=False)
+    config = validate_config({
+        "store": {"url": f"sqlite:///{tmp_path}/tw.db"},
+        "nvml": {"enabled": False},
+        "api": {"listen": f"127.0.0.1:{free_port()}"},
+    })
+    calls = []
+    stop = asyncio.Event()
+    url = []
+
+    async def database_goes_away(collector):
+        await asyncio.sleep(0.5)  # after the jobs' first runs (a flush of nothing)
+        store = collector.store
+        url.append(store.url_redacted)
+
+        def refuse(chunks):
+            calls.append(len(chunks))
+            raise StoreError(f"flush on {store.url_redacted} failed: db down",
+                             url=store.url_redacted)
+
+        monkeypatch.setattr(store, "_write_chunks", refuse)
+        store.write("t", time.time(), [Sample("x", (), 1.0), Sample("y", (), 2.0)])
+        stop.set()
+
+    async def main():
+        await serve_mod.serve(config, sidecar=database_goes_away, stop=stop)
+        loop = asyncio.get_running_loop()
+        # remove_signal_handler() is False when no handler is installed for the signal.
+        return [loop.remove_signal_handler(sig) for sig in (signal.SIGINT, signal.SIGTERM)]
+
+    with caplog.at_level("INFO", logger="tritonwatch.serve"):
+        still_installed = asyncio.run(main())
+    assert still_installed == [False, False]
+    assert len(calls) == serve_mod.FINAL_FLUSH_ATTEMPTS  # no extra flush on close
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1, errors
+    assert "2 buffered samples" in errors[0] and url[0] in errors[0]

@@ -2,13 +2,24 @@
 
 import asyncio
 import itertools
+import json
+import threading
 import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
 
+import httpx
+import pytest
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from bench.payloads import triton_payload
-from collector.jobs import Collector, SelfMetrics, stagger_offset
+from collector.jobs import API_MAX_CONCURRENCY, Collector, SelfMetrics, stagger_offset
+from collector.parse import parse, parse_fast
+from collector.triton import ApiReading, parse_model_config, stats_families
 from schemas.config import validate_config
+from schemas.samples import Sample, Snapshot, TargetHealth
+from store import StoreError
+from tests.fixtures_http import FakeTargets, _Handler, _Server
 
 
 def make_config(targets, **scrape):
@@ -153,3 +164,353 @@ def test_nvml_job_on_a_host_without_nvml_still_joins_tritons_gpu_view(fake_targe
     assert [h.target for h in nvml_health] == ["node-1"]
     util = store.range("sli:gpu_utilization_ratio", start=0, end=2000)
     assert len(util) == 2 and all(0 <= s.values[0] <= 1 for s in util)
+
+
+# --- regression tests ------------------------------------------------------------------------
+
+BODY_M = """# TYPE nv_inference_request_success counter
+nv_inference_request_success{{model="m",version="1"}} {n}
+# TYPE nv_inference_exec_count counter
+nv_inference_exec_count{{model="m",version="1"}} {n}
+# TYPE nv_inference_count counter
+nv_inference_count{{model="m",version="1"}} {n}
+"""
+
+QUEUED_ON_GPU = """# TYPE nv_inference_pending_request_count gauge
+nv_inference_pending_request_count{model="m",version="1"} 7
+# TYPE nv_inference_request_success counter
+nv_inference_request_success{model="m",version="1",gpu_uuid="GPU-1"} 5
+# TYPE nv_gpu_utilization gauge
+nv_gpu_utilization{gpu_uuid="GPU-1"} 0.5
+# TYPE nv_gpu_memory_used_bytes gauge
+nv_gpu_memory_used_bytes{gpu_uuid="GPU-1"} 1e9
+# TYPE nv_gpu_power_usage gauge
+nv_gpu_power_usage{gpu_uuid="GPU-1"} 100
+"""
+
+STATS = {"model_stats": [{"name": "m", "version": "1", "inference_count": 10,
+                          "execution_count": 5,
+                          "inference_stats": {"success": {"count": 10, "ns": 1000}}}]}
+
+
+class MockTarget:
+    """An httpx mock transport playing one /metrics endpoint that can go down."""
+
+    def __init__(self, body: str) -> None:
+        self.body = body
+        self.up = True
+
+    def handler(self, request: httpx.Request) -> httpx.Response:
+        if not self.up:
+            raise httpx.ConnectError("refused", request=request)
+        return httpx.Response(200, text=self.body)
+
+    def client(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(transport=httpx.MockTransport(self.handler))
+
+
+class Clock:
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def fake_reading(stats=STATS, raw_configs=None):
+    raw_configs = raw_configs if raw_configs is not None else {}
+
+    async def read(now):
+        configs = {m: parse_model_config(c) for m, c in raw_configs.items()}
+        return ApiReading(configs, dict(raw_configs), Snapshot("a", now, stats_families(stats)),
+                          0.01)
+
+    return read
+
+
+def set_api_read(collector, name, read):
+    api = collector.targets[name].api
+    assert api is not None
+    setattr(api, "read", read)  # noqa: B010 (mypy: cannot assign to a method)
+
+
+@pytest.mark.parametrize(
+    ("scrape", "target", "expected"),
+    [
+        ({}, {}, 300.0),  # 15 s scrapes, 60 s API reads: the 300 s floor
+        ({"interval": "5m", "timeout": "10s"}, {}, 1200.0),
+        ({"interval": "15s"}, {"scrape_interval": "2m"}, 480.0),
+        ({"api_interval": "10m"}, {"http_url": "http://a:8000"}, 2400.0),
+        ({"api_interval": "10m"}, {}, 300.0),  # no API: its interval does not matter
+    ],
+)
+def test_deriver_max_gap_follows_the_target_intervals(scrape, target, expected, store):
+    config = validate_config({"scrape": scrape, "targets": [
+        {"name": "a", "metrics_url": "http://a:8002/metrics", **target}]})
+    collector = Collector(config, store)
+    assert collector.targets["a"].deriver.max_gap_s == expected
+
+
+def test_a_five_minute_interval_still_gives_rates(store):
+    # Before the fix the deriver's max_gap was a fixed 300 s: a scrape 300.004 s after the
+    # previous one (5 minutes plus jitter) was "too old" and no rate was ever derived.
+    config = validate_config({"scrape": {"interval": "5m", "timeout": "10s"},
+                              "targets": [{"name": "a", "metrics_url": "http://a:8002/metrics"}]})
+    target = MockTarget(BODY_M.format(n=0))
+    clock = Clock()
+    collector = Collector(config, store, clock=clock, client=target.client())
+
+    async def go():
+        await collector.scrape("a")
+        clock.now += 300.004
+        target.body = BODY_M.format(n=300)
+        await collector.scrape("a")
+        await collector.close()
+
+    asyncio.run(go())
+    store.flush()
+    (rate,) = store.range("sli:request_rate", start=0, end=2000, target="a")
+    assert rate.values == (pytest.approx(300 / 300.004),)
+
+
+def test_a_failed_scrape_drops_the_snapshot_the_gpu_join_uses(store):
+    config = validate_config({"nvml": {"enabled": True, "host": "h"},
+                              "targets": [{"name": "a", "metrics_url": "http://a:8002/metrics"}]})
+    target = MockTarget(QUEUED_ON_GPU)
+    clock = Clock()
+    collector = Collector(config, store, clock=clock, client=target.client())
+
+    class IdleGpu:  # NVML on this host: GPU-1 idle
+        def collect(self):
+            return ([Sample("nvml_gpu_utilization_ratio", (("gpu_uuid", "GPU-1"), ("index", "0")),
+                            0.0)], TargetHealth("h", "nvml", clock.now, True, 0.0, 1))
+
+        def close(self):
+            pass
+
+    collector.nvml = IdleGpu()  # type: ignore[assignment]
+
+    async def go():
+        await collector.scrape("a")
+        await collector.read_nvml()  # live: requests queue on an idle GPU
+        target.up = False
+        for _ in range(3):
+            clock.now += 60
+            health = await collector.scrape("a")
+            assert not health.up
+            await collector.read_nvml()
+        await collector.close()
+
+    asyncio.run(go())
+    store.flush()
+    assert collector.targets["a"].latest == [] and collector.targets["a"].latest_raw == []
+    # Only the reading taken while the target answered; a dead server's frozen queue is not
+    # joined with live NVML readings.
+    (idle,) = store.range("sli:gpu_idle_while_queued", start=0, end=1e10)
+    assert idle.ts == (1000.0,)
+
+
+def test_configured_target_labels_are_on_every_series_of_the_target(store):
+    config = validate_config({"targets": [
+        {"name": "a", "metrics_url": "http://a:8002/metrics", "http_url": "http://a:8000",
+         "labels": {"cluster": "eu1"}}]})
+    target = MockTarget(QUEUED_ON_GPU)
+    clock = Clock()
+    collector = Collector(config, store, clock=clock, client=target.client())
+    stats = [json.loads(json.dumps(STATS)) for _ in range(2)]
+    for body in stats:  # a model /metrics does not show: its request SLIs come from the API
+        body["model_stats"][0]["name"] = "s"
+    stats[1]["model_stats"][0]["inference_count"] = 20
+    stats[1]["model_stats"][0]["execution_count"] = 10
+    stats[1]["model_stats"][0]["inference_stats"]["success"] = {"count": 20, "ns": 3000}
+
+    async def go():
+        await collector.scrape("a")
+        for body in stats:
+            set_api_read(collector, "a", fake_reading(body))
+            await collector.read_api("a")
+            clock.now += 60
+        target.up = False
+        await collector.scrape("a")  # the failure path's up/duration/samples too
+        await collector.close()
+
+    asyncio.run(go())
+    store.flush()
+    keys = store.series(target="a")
+    names = {k.name for k in keys}
+    assert {"triton_stats_success_count", "sli:execution_rate", "up",
+            "scrape_duration_seconds", "scrape_samples_scraped",
+            "nv_inference_pending_request_count"} <= names
+    unlabelled = [(k.name, dict(k.labels)) for k in keys if ("cluster", "eu1") not in k.labels]
+    assert unlabelled == []
+    (up,) = store.range("up", start=0, end=1e10, target="a")
+    assert up.values == (1.0, 0.0)
+
+
+def test_api_jobs_are_staggered_and_api_reads_are_bounded(store):
+    targets = [{"name": f"t{i}", "metrics_url": f"http://t{i}:8002/metrics",
+                "http_url": f"http://t{i}:8000"} for i in range(20)]
+    config = validate_config({"targets": targets, "scrape": {"api_interval": "60s"}})
+    collector = Collector(config, store)
+    in_flight = [0, 0]  # now, most
+
+    def slow_read():
+        async def read(now):
+            in_flight[0] += 1
+            in_flight[1] = max(in_flight)
+            await asyncio.sleep(0.02)
+            in_flight[0] -= 1
+            return await fake_reading()(now)
+        return read
+
+    for name in collector.targets:
+        set_api_read(collector, name, slow_read())
+
+    async def go():
+        scheduler = AsyncIOScheduler(timezone="UTC")
+        before = datetime.now(UTC)
+        collector.install(scheduler)
+        scheduler.start(paused=True)
+        starts = {job.id: (job.next_run_time - before).total_seconds()
+                  for job in scheduler.get_jobs() if job.id.startswith("api:")}
+        scheduler.shutdown(wait=False)
+        healths = await asyncio.gather(*(collector.read_api(n) for n in collector.targets))
+        await collector.close()
+        return starts, healths
+
+    starts, healths = asyncio.run(go())
+    assert len(starts) == 20
+    # Spread over the interval by the stable hash, like the scrape jobs (not all at once).
+    for job_id, start in starts.items():
+        assert start == pytest.approx(stagger_offset(job_id, 60.0), abs=1.0)
+    assert max(starts.values()) - min(starts.values()) > 10
+    assert all(h.up for h in healths)
+    assert in_flight[1] == API_MAX_CONCURRENCY  # concurrent, but never more
+
+
+@pytest.mark.parametrize("broken", [
+    {"model_stats": [{"name": "m", "version": "1", "inference_count": "not-a-number"}]},
+    {"model_stats": [{"name": "m", "version": "1", "batch_stats": [{"batch_size": [1]}]}]},
+])
+def test_any_api_reading_failure_marks_api_health_down_naming_the_target(broken, store):
+    config = validate_config({"targets": [
+        {"name": "a", "metrics_url": "http://a:8002/metrics", "http_url": "http://a:8000"}]})
+    clock = Clock()
+    collector = Collector(config, store, clock=clock)
+
+    async def go():
+        set_api_read(collector, "a", fake_reading())
+        first = await collector.read_api("a")
+        clock.now += 60
+        set_api_read(collector, "a", fake_reading(broken))
+        with pytest.raises((ValueError, TypeError)):
+            await collector.read_api("a")
+        await collector.close()
+        return first
+
+    assert asyncio.run(go()).up
+    store.flush()
+    (health,) = [h for h in store.health() if h.source == "api"]
+    assert not health.up and health.ts == 1060.0
+    assert "'a'" in health.error and "API reading" in health.error
+
+
+def test_model_configs_are_written_only_when_changed_and_health_survives_a_down_db(
+    store, monkeypatch
+):
+    config = validate_config({"targets": [
+        {"name": "a", "metrics_url": "http://a:8002/metrics", "http_url": "http://a:8000"}]})
+    clock = Clock()
+    collector = Collector(config, store, clock=clock)
+    configs = {"m": {"name": "m", "max_batch_size": 8}, "n": {"name": "n", "max_batch_size": 4}}
+    writes: list[tuple[str, int]] = []
+    real_put = store.put_model_config
+    db_down = [False]
+
+    def put(target, model, cfg, fetched_at):
+        if db_down[0]:
+            raise StoreError("database is down (test)", url="sqlite:///x")
+        writes.append((model, cfg["max_batch_size"]))
+        real_put(target, model, cfg, fetched_at)
+
+    monkeypatch.setattr(store, "put_model_config", put)
+
+    async def read(raw_configs, *, fails=False):
+        clock.now += 60
+        set_api_read(collector, "a", fake_reading(raw_configs=raw_configs))
+        if fails:
+            with pytest.raises(StoreError):
+                await collector.read_api("a")
+            return None
+        return await collector.read_api("a")
+
+    async def go():
+        await read(configs)
+        await read(configs)  # unchanged: nothing written
+        db_down[0] = True
+        changed = {**configs, "m": {"name": "m", "max_batch_size": 16}}
+        await read(changed, fails=True)
+        (health,) = [h for h in store.health() if h.source == "api"]
+        assert health.up and health.ts == clock.now  # recorded before the database write
+        db_down[0] = False
+        await read(changed)  # the write that failed is retried
+        await read(changed)
+        await collector.close()
+
+    asyncio.run(go())
+    assert writes == [("m", 8), ("n", 4), ("m", 16)]
+    assert store.model_configs("a")[("a", "m")]["max_batch_size"] == 16
+    assert collector.targets["a"].configs["m"].max_batch_size == 16
+
+
+# A body that Triton never writes: every line carries a timestamp, so the fast parser declines
+# and the whole payload goes through prometheus_client's (slow) reference parser.
+SLOW_PATH_LINES = 60_000
+
+
+@pytest.fixture
+def huge_target() -> Iterator[FakeTargets]:
+    lines = ["# TYPE app_requests counter"]
+    lines += [f'app_requests_total{{path="/p{i}"}} {i} 1700000000000'
+              for i in range(SLOW_PATH_LINES)]
+    server = _Server(("127.0.0.1", 0), _Handler)
+    server.hits = []
+    server.ok_body = "\n".join(lines) + "\n"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield FakeTargets(server)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_huge_slow_path_body_does_not_delay_other_targets(fake_targets, huge_target, store):
+    assert parse_fast(huge_target.server.ok_body) is None  # really the slow path
+    start = time.perf_counter()
+    parse(huge_target.server.ok_body)
+    assert time.perf_counter() - start > 0.3  # long enough to matter on the event loop
+    targets = [
+        {"name": "good", "metrics_url": fake_targets.url("/ok")},
+        {"name": "huge", "metrics_url": huge_target.url("/ok")},
+    ]
+    config = make_config(targets, interval="1s", timeout="1s")
+    metrics = SelfMetrics()
+
+    async def run():
+        collector = Collector(config, store, metrics=metrics)
+        scheduler = AsyncIOScheduler(timezone="UTC")
+        collector.install(scheduler)
+        scheduler.start()
+        await asyncio.sleep(5.5)
+        scheduler.shutdown(wait=False)
+        await collector.close()
+
+    asyncio.run(run())
+    health = {h.target: h for h in store.health()}
+    assert health["huge"].up and health["huge"].samples == SLOW_PATH_LINES
+    good = [t for path, t in fake_targets.hits if path == "/ok"]
+    assert len(good) >= 5
+    gaps = [b - a for a, b in itertools.pairwise(good)]
+    assert max(gaps) < 1.3 and min(gaps) > 0.7, gaps
+    assert metrics.job_missed.labels("scrape")._value.get() == 0

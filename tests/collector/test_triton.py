@@ -7,6 +7,7 @@ import pytest
 
 from collector.triton import TritonApi, TritonApiError, parse_model_config, stats_families
 from schemas.samples import label_value
+from tritonwatch.rig import TritonRig
 
 RIG = Path(__file__).parent.parent / "fixtures" / "rig"
 
@@ -90,3 +91,70 @@ def test_live_read_from_the_rig(triton_rig, protocol):
     assert reading.stats.ts == 123.0
     names = {f.name for f in reading.stats.families}
     assert {"triton_stats_inference_count", "triton_stats_execution_count"} <= names
+
+
+class FakeClient:
+    """tritonclient's surface as TritonApi uses it, with a model unloaded mid-reading."""
+
+    def __init__(self, index, configs, stats):
+        self.index = index
+        self.configs = configs
+        self.stats = stats
+        self.calls = []
+
+    def get_model_repository_index(self, **kwargs):
+        self.calls.append("index")
+        return self.index
+
+    def get_model_config(self, name, **kwargs):
+        self.calls.append(f"config:{name}")
+        if name not in self.configs:
+            raise RuntimeError(f"[404] Request for unknown model: '{name}' is not found")
+        return self.configs[name]
+
+    def get_inference_statistics(self, **kwargs):
+        self.calls.append("stats")
+        return self.stats
+
+    def close(self):
+        pass
+
+
+def test_explicit_mode_reads_only_ready_models_and_skips_one_unloaded_meanwhile(monkeypatch):
+    client = FakeClient(
+        index=[
+            {"name": "batcher", "version": "1", "state": "READY"},
+            {"name": "fake_llm"},  # EXPLICIT mode: in the repository, not loaded, no state
+            {"name": "old", "version": "1", "state": "UNAVAILABLE", "reason": "unloaded"},
+            {"name": "gone", "version": "1", "state": "READY"},  # unloaded after the index
+        ],
+        configs={"batcher": load("config-batcher-http.json")},
+        stats=load("stats-http.json"),
+    )
+    api = TritonApi("t", http_url="http://127.0.0.1:1", grpc_url=None)
+    monkeypatch.setattr(api, "_connect", lambda: client)
+    reading = api.read_blocking(5.0)
+    assert list(reading.configs) == ["batcher"] and list(reading.raw_configs) == ["batcher"]
+    assert reading.configs["batcher"].max_batch_size == 16
+    assert reading.stats.ts == 5.0 and reading.stats.families
+    assert client.calls == ["index", "config:batcher", "config:gone", "stats"]
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_live_read_in_explicit_model_control_mode(tmp_path, protocol):
+    # A second server: only `batcher` is loaded; `fake_llm` is in the repository index without
+    # a state, and asking for its config is a 404 that used to fail the whole reading.
+    rig = TritonRig(workdir=tmp_path, extra_args=("--model-control-mode=explicit",
+                                                   "--load-model=batcher"))
+    rig.models = ["batcher"]
+    rig.start()
+    try:
+        api = TritonApi("rig", http_url=rig.http_url, grpc_url=None) if protocol == "http" \
+            else TritonApi("rig", http_url=None, grpc_url=rig.grpc_url)
+        reading = api.read_blocking(1.0)
+    finally:
+        rig.stop()
+    assert list(reading.configs) == ["batcher"]
+    assert reading.configs["batcher"].max_batch_size == 16
+    assert "triton_stats_inference_count" in {f.name for f in reading.stats.families}

@@ -115,7 +115,7 @@ regressions:
     step: 1s
     min_effect: 0.5
     alpha: 0.01
-    load_tolerance: 0.5
+    load_tolerance: 0.4
     for: 2s
     keep_firing_for: 3s
     labels: {{severity: warning}}
@@ -126,6 +126,7 @@ regressions:
     recent_window: 6s
     baseline_window: {FILL_BASELINE_S:g}s
     step: 1s
+    min_effect: 0.3
     alpha: 0.01
     load_series: sli:request_rate
     load_tolerance: 0.25

@@ -1,0 +1,193 @@
+"""Samples committed after their bucket was rolled up (an outage's buffer, a lagging second
+collector) are rolled up too, and retention does not delete them first; on both backends."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import psycopg
+import pytest
+
+from schemas.samples import Sample
+from store import Store, open_store
+from store.engine import transaction
+from store.maintenance import _PG_LOCK_ROLLUP, WATERMARK_5M, watermarks
+from store.query import ROLLUP_1H_MS, ROLLUP_5M_MS
+
+# An hour boundary three days ago (series record wall-clock resolve times; see test_contract).
+T = (int(time.time()) // 3600 - 72) * 3600.0
+SCRAPE = 15.0
+PER_BUCKET = int(300 / SCRAPE)  # samples of one series per 5 m bucket
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def store_url(request: pytest.FixtureRequest, tmp_path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/tw.db"
+    url: str = request.getfixturevalue("postgres_db_url")
+    return url
+
+
+@pytest.fixture
+def make_store(store_url: str) -> Iterator[Callable[[], Store]]:
+    opened: list[Store] = []
+
+    def make() -> Store:
+        s = open_store(store_url)
+        s.create_schema()
+        opened.append(s)
+        return s
+
+    yield make
+    for s in opened:
+        s.close()
+
+
+@pytest.fixture
+def store(make_store: Callable[[], Store]) -> Store:
+    return make_store()
+
+
+def write(store: Store, start: float, end: float, target: str = "a") -> None:
+    ts = start
+    while ts < end:
+        store.write(target, ts, [Sample("x", (), 1.0)])
+        ts += SCRAPE
+
+
+def marks(store: Store) -> dict[int, int]:
+    with transaction(store.sql_engine, write=False) as conn:
+        return watermarks(conn)
+
+
+def counts(store: Store, step: float, end: float = T + 3600 - 0.001) -> dict[float, float]:
+    """Samples per ``step`` bucket; steps of 5 m / 1 h are served from the rollups."""
+    (data,) = store.buckets("x", start=T, end=end, step=step, agg="count")
+    return dict(zip(data.ts, data.values, strict=True))
+
+
+def test_samples_buffered_through_an_outage_are_rolled_up(store: Store) -> None:
+    # Normal operation: the first 5 minutes are flushed and rolled up.
+    write(store, T, T + 300)
+    store.flush()
+    store.rollup(T + 600)
+    assert marks(store)[ROLLUP_5M_MS] == (T + 300) * 1000
+    # Database outage: ten minutes stay in the buffer, while the maintenance job (which does
+    # not need the buffer) moves the watermark past them.
+    write(store, T + 300, T + 900)
+    store.rollup(T + 1200)
+    assert marks(store)[ROLLUP_5M_MS] == (T + 900) * 1000
+    # The database is back: the flush moves the watermark back, in its own transaction.
+    store.flush()
+    assert marks(store)[ROLLUP_5M_MS] == (T + 300) * 1000
+    assert counts(store, 300, T + 899) == {T: 20, T + 300: 20, T + 600: 20}  # raw after the mark
+    store.rollup(T + 1500)
+    assert marks(store)[ROLLUP_5M_MS] == (T + 1200) * 1000
+    assert counts(store, 300, T + 899) == {T: 20, T + 300: 20, T + 600: 20}
+
+    # Raw retention then deletes them: the rollups hold every one.
+    store.apply_retention(T + 1200 + 86400, raw_s=86400, rollup_5m_s=1e8, rollup_1h_s=1e8)
+    assert store.range("x", start=T, end=T + 899) == []
+    assert counts(store, 300, T + 899) == {T: 20, T + 300: 20, T + 600: 20}
+
+
+def test_retention_keeps_late_samples_until_rolled_up(make_store: Callable[[], Store]) -> None:
+    store, late = make_store(), make_store()  # a second collector on the same database
+    write(store, T, T + 600)
+    store.flush()
+    store.rollup(T + 900)
+    late.write("b", T + 100, [Sample("x", (), 1.0)])
+    late.flush()
+    # Before the next rollup, retention must leave the late sample (and its bucket) alone.
+    store.apply_retention(T + 900 + 86400, raw_s=86400, rollup_5m_s=1e8, rollup_1h_s=1e8)
+    assert [len(d.values) for d in store.range("x", start=T, end=T + 299)] == [20, 1]
+    store.rollup(T + 900)
+    store.apply_retention(T + 900 + 86400, raw_s=86400, rollup_5m_s=1e8, rollup_1h_s=1e8)
+    assert store.range("x", start=T, end=T + 599) == []
+    (a, b) = store.buckets("x", start=T, end=T + 599, step=300, agg="count")
+    assert (a.target, a.values) == ("a", (20.0, 20.0))
+    assert (b.target, b.values) == ("b", (1.0,))
+
+
+def test_a_second_writers_late_flush_rewinds_the_hour_too(
+    make_store: Callable[[], Store],
+) -> None:
+    first, second = make_store(), make_store()
+    write(first, T, T + 3600)
+    first.flush()
+    first.rollup(T + 3600 + 600)
+    assert marks(first) == {ROLLUP_5M_MS: (T + 3900) * 1000, ROLLUP_1H_MS: (T + 3600) * 1000}
+    assert counts(first, 3600) == {T: 240}
+
+    # The other collector's buffer lagged: its scrape of T+1000 is committed only now.
+    second.write("a", T + 1010, [Sample("x", (), 1.0)])
+    second.flush()
+    assert marks(first) == {ROLLUP_5M_MS: (T + 900) * 1000, ROLLUP_1H_MS: T * 1000}
+    assert counts(first, 3600) == {T: 241}  # served from 5 m rows and raw meanwhile
+
+    first.rollup(T + 3600 + 600)
+    assert marks(first) == {ROLLUP_5M_MS: (T + 3900) * 1000, ROLLUP_1H_MS: (T + 3600) * 1000}
+    assert counts(first, 3600) == {T: 241}  # the 1 h rollup row
+    assert counts(first, 300)[T + 900] == 21  # the 5 m rollup row
+    # Everything came from the rollups: they survive the raw samples.
+    first.apply_retention(T + 3600 + 86400, raw_s=86400, rollup_5m_s=1e8, rollup_1h_s=1e8)
+    assert first.range("x", start=T, end=T + 3599) == []
+    assert counts(first, 3600) == {T: 241}
+    assert counts(first, 300)[T + 900] == 21
+
+
+def test_late_samples_behind_raw_retention_never_overwrite_rollups(store: Store) -> None:
+    write(store, T, T + 3600)
+    store.flush()
+    store.rollup(T + 3600 + 600)
+    # Retention cuts the raw samples in the middle of the bucket [T+900, T+1200).
+    store.apply_retention(T + 1000 + 86400, raw_s=86400, rollup_5m_s=1e8, rollup_1h_s=1e8)
+    assert store.range("x", start=T, end=T + 999) == []
+    assert len(store.range("x", start=T + 1000, end=T + 1199)[0].values) == 13
+    before = counts(store, 300)
+    assert set(before.values()) == {20.0}
+
+    # A sample older than raw retention arrives (a clock-skewed or very late writer): its
+    # bucket and the partly deleted one must keep their complete rollup rows.
+    store.write("a", T + 950, [Sample("x", (), 1.0)])
+    store.write("a", T + 10, [Sample("x", (), 1.0)])
+    store.flush()
+    assert marks(store)[ROLLUP_5M_MS] >= (T + 1200) * 1000
+    store.rollup(T + 3600 + 600)
+    assert counts(store, 300) == before
+    assert counts(store, 3600) == {T: 240}
+
+
+@pytest.mark.postgres
+def test_a_late_flush_waits_for_a_rollup_in_progress_on_another_process(
+    postgres_db_url: str,
+) -> None:
+    # The rollup of another process is summarising [T+300, T+900) in a transaction that began
+    # before our samples of T+400 were committed: it cannot see them.  Our flush must wait for
+    # it and then move the watermark it committed back, not compare against the old one.
+    store = open_store(postgres_db_url)
+    store.create_schema()
+    try:
+        write(store, T, T + 300)
+        store.flush()
+        store.rollup(T + 600)
+        assert marks(store)[ROLLUP_5M_MS] == (T + 300) * 1000
+        with psycopg.connect(postgres_db_url) as other:
+            other.execute("SELECT pg_advisory_xact_lock(%s)", (_PG_LOCK_ROLLUP,))
+            other.execute(
+                "UPDATE meta SET value = %s WHERE key = %s",
+                (str(int((T + 900) * 1000)), WATERMARK_5M),
+            )
+            store.write("a", T + 400, [Sample("x", (), 1.0)])
+            flush = threading.Thread(target=store.flush)
+            flush.start()
+            flush.join(0.5)
+            assert flush.is_alive(), "the flush did not wait for the rollup transaction"
+            other.commit()
+        flush.join(10)
+        assert not flush.is_alive()
+        assert marks(store)[ROLLUP_5M_MS] == (T + 300) * 1000
+    finally:
+        store.close()
