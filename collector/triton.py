@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
+from collector.grpc_options import channel_args
 from schemas.samples import MetricFamily, Sample, Snapshot, make_labels
 from schemas.triton import ModelConfigInfo
 
@@ -149,7 +150,9 @@ class TritonApi:
             else:
                 import tritonclient.grpc as grpcclient
 
-                self._client = grpcclient.InferenceServerClient(url=self._grpc_url)
+                self._client = grpcclient.InferenceServerClient(
+                    url=self._grpc_url, channel_args=channel_args()
+                )
         return self._client
 
     def _call(self, method: str, *args: Any) -> Any:

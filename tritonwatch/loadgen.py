@@ -29,6 +29,8 @@ from typing import Any, Self
 import numpy as np
 import tritonclient.grpc as grpcclient
 
+from collector.grpc_options import channel_args
+
 log = logging.getLogger(__name__)
 
 KINDS = ("batcher", "llm")
@@ -188,6 +190,9 @@ class LoadGenerator:
         with self._lock:
             return index < self._target[kind]
 
+    def _connect(self) -> Any:
+        return grpcclient.InferenceServerClient(self.grpc_url, channel_args=channel_args())
+
     def _first_slot(self, kind: str, index: int) -> float:
         """Paced workers start 1/rate apart, so open-loop traffic arrives evenly spread and not
         in bursts of the worker count (which would form the same batches whatever the model's
@@ -225,7 +230,7 @@ class LoadGenerator:
                 break
             try:
                 if client is None:
-                    client = grpcclient.InferenceServerClient(self.grpc_url)
+                    client = self._connect()
                 inp = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
                 inp.set_data_from_numpy(data)
                 self._count("batcher", "sent")
@@ -250,7 +255,7 @@ class LoadGenerator:
             seq += 1
             try:
                 if client is None:
-                    client = grpcclient.InferenceServerClient(self.grpc_url)
+                    client = self._connect()
                     # A queue per stream: late callbacks of a closed stream (e.g. its CANCELLED
                     # error) must not be taken for answers to the next stream's requests.
                     responses = queue.Queue()

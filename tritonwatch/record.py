@@ -21,7 +21,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -96,8 +96,10 @@ async def record(
     timeout: float = 10.0,
     console: Console | None = None,
     clock: Callable[[], float] = time.time,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> list[Path]:
-    """Record; returns the ``.prom`` files written, oldest first."""
+    """Record; returns the ``.prom`` files written, oldest first.  ``clock`` and ``sleep`` are
+    injectable so tests can run a recording in simulated time."""
     count = scrape_count(every, duration)
     timeout = min(timeout, max(every, 1.0))
     out.mkdir(parents=True, exist_ok=True)
@@ -124,7 +126,7 @@ async def record(
                 due = start + k * every
                 delay = due - clock()
                 if delay > 0:
-                    await asyncio.sleep(delay)
+                    await sleep(delay)
                 ts = clock()
                 name = stamp(ts, every)
                 if (out / f"{name}.prom").exists():  # a late scrape in the same second

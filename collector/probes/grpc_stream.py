@@ -17,6 +17,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
+from collector.grpc_options import channel_args
 from collector.probes.base import ProbeFailure, Recorder
 from schemas.probes import InferInput, ProbeConfig
 
@@ -72,7 +73,7 @@ class GrpcSession:
     def __init__(self, config: ProbeConfig, url: str) -> None:
         self.config = config
         self.url = url.removeprefix("grpc://")
-        self._client: Any = grpcclient.InferenceServerClient(self.url)
+        self._client: Any = grpcclient.InferenceServerClient(self.url, channel_args=channel_args())
         self._pending: _Pending | None = None
         self._stream_error: InferenceServerException | None = None
         self._streaming = False

@@ -238,11 +238,13 @@ def test_record_names_files_so_replay_sees_the_real_gaps(tmp_path, monkeypatch, 
     async def fetch(*_: Any, **__: Any) -> Body:
         return Body("up 1\n", 0.0, 5)
 
-    monkeypatch.setattr(asyncio, "sleep", sleep)  # record() looks it up at each call
+    # Simulated time is injected, not patched into asyncio: other tests' servers running in
+    # background threads would otherwise advance this test's clock with their own sleeps.
     monkeypatch.setattr(rec_mod, "fetch_metrics", fetch)
     out = tmp_path / "rec"
     written = asyncio.run(rec_mod.record("http://triton.invalid/metrics", out, every=every,
-                                         duration=6 * every, clock=lambda: now[0]))
+                                         duration=6 * every, clock=lambda: now[0],
+                                         sleep=sleep))
     assert len(written) == 6
     names = [p.name.removesuffix(".prom") for p in written]
     assert all(("." in n) is ms for n in names), names
