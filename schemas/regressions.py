@@ -66,8 +66,8 @@ BUILTIN_REGRESSIONS: dict[str, tuple[float, float]] = {
     "batch_fill_rate_regression": (0.2, 0.15),
     "kv_cache_regression": (0.2, 0.15),
     "gpu_utilization_regression": (0.2, 0.15),
-    "ttft_regression": (0.2, 0.1),
-    "itl_regression": (0.2, 0.1),
+    "ttft_regression": (0.2, 0.15),
+    "itl_regression": (0.2, 0.15),
 }
 
 
