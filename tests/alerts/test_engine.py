@@ -20,29 +20,6 @@ LABELS = make_labels({"alertname": "KVCacheFull", "model": "llm", "severity": "p
 FP = fingerprint(LABELS)
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def store_url(request: pytest.FixtureRequest, tmp_path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path}/data/tw.db"
-    url: str = request.getfixturevalue("postgres_db_url")
-    return url
-
-
-@pytest.fixture
-def make_store(store_url: str) -> Iterator[Callable[[], Store]]:
-    opened: list[Store] = []
-
-    def make() -> Store:
-        s = open_store(store_url)
-        s.create_schema()
-        opened.append(s)
-        return s
-
-    yield make
-    for s in opened:
-        s.close()
-
-
 @pytest.fixture
 def store(make_store: Callable[[], Store]) -> Store:
     return make_store()

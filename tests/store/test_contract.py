@@ -15,7 +15,7 @@ import pytest
 from psycopg import sql
 
 from schemas.samples import Labels, Sample, TargetHealth, make_labels
-from store import Agg, QueryError, SeriesKey, Store, StoreError, open_store
+from store import Agg, QueryError, SeriesKey, Store, StoreError
 
 # Real-looking times: series record when they were last resolved in wall-clock time, and
 # retention compares that with `now`.  T0 is an hour boundary three days ago.
@@ -31,30 +31,6 @@ HOSTILE = make_labels(
         "newline": "a\nb",
     }
 )
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def store_url(request: pytest.FixtureRequest, tmp_path) -> str:
-    if request.param == "sqlite":
-        # A directory that does not exist yet: open_store creates it.
-        return f"sqlite:///{tmp_path}/data/tw.db"
-    url: str = request.getfixturevalue("postgres_db_url")
-    return url
-
-
-@pytest.fixture
-def make_store(store_url: str) -> Iterator[Callable[..., Store]]:
-    opened: list[Store] = []
-
-    def make(**kwargs) -> Store:
-        s = open_store(store_url, **kwargs)
-        s.create_schema()
-        opened.append(s)
-        return s
-
-    yield make
-    for s in opened:
-        s.close()
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import psycopg
 import pytest
@@ -20,29 +20,6 @@ from store.query import ROLLUP_1H_MS, ROLLUP_5M_MS
 T = (int(time.time()) // 3600 - 72) * 3600.0
 SCRAPE = 15.0
 PER_BUCKET = int(300 / SCRAPE)  # samples of one series per 5 m bucket
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def store_url(request: pytest.FixtureRequest, tmp_path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path}/tw.db"
-    url: str = request.getfixturevalue("postgres_db_url")
-    return url
-
-
-@pytest.fixture
-def make_store(store_url: str) -> Iterator[Callable[[], Store]]:
-    opened: list[Store] = []
-
-    def make() -> Store:
-        s = open_store(store_url)
-        s.create_schema()
-        opened.append(s)
-        return s
-
-    yield make
-    for s in opened:
-        s.close()
 
 
 @pytest.fixture
