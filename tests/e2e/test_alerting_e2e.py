@@ -110,7 +110,10 @@ regressions:
     series: probe:ttft_seconds
     by: [probe, model]
     direction: up
-    recent_window: 6s
+    # Probe runs (1 s apart) can be delayed on a loaded 2-core machine: a 10 s recent window
+    # still holds enough of them for a verdict (min_points).
+    recent_window: 10s
+    min_points: 4
     baseline_window: 60s
     step: 1s
     # A slower first token also slows the paced LLM clients down (their requests take
