@@ -24,7 +24,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from multiprocessing.connection import Connection
 from typing import Any
 
-from bench.ingest import process_tree_cpu
 from bench.payloads import triton_payload
 
 __all__ = [
@@ -101,6 +100,10 @@ def _serve(conn: Connection, targets: int, models: int, gpus: int) -> None:
                 self._send(templates[i].render(step))
             elif parts == ["served"]:
                 self._send(str(served[0]).encode())
+            elif parts == ["reset"]:  # every target back to step 0
+                with lock:
+                    steps[:] = [0] * targets
+                self._send(b"ok\n")
             else:
                 self.send_error(404)
 
@@ -147,6 +150,10 @@ class Fleet:
     def served(self) -> int:
         return int(http_get(f"http://127.0.0.1:{self.port}/served"))
 
+    def reset(self) -> None:
+        """Start every target's counters over (the same payload sequence again)."""
+        http_get(f"http://127.0.0.1:{self.port}/reset")
+
 
 @contextmanager
 def simulated_fleet(targets: int, *, models: int = 20, gpus: int = 8) -> Iterator[Fleet]:
@@ -163,6 +170,61 @@ def simulated_fleet(targets: int, *, models: int = 20, gpus: int = 8) -> Iterato
     finally:
         proc.terminate()
         proc.join(10)
+
+
+# --- CPU accounting -----------------------------------------------------------------------------
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def _stat(pid: int) -> tuple[int, float, float] | None:
+    """(ppid, own CPU s, reaped children's CPU s) of ``pid``, or None if it is gone.
+
+    Own CPU is the larger of stat's utime + stime (whole clock ticks, all threads, exited ones
+    included) and the nanosecond run time of its live threads (/proc/<pid>/task/*/schedstat),
+    so a single-threaded PostgreSQL backend is counted to the nanosecond and a process whose
+    threads come and go is not under-counted.  Reaped children exist only in cutime + cstime.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            text = f.read()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2 :].split()  # comm may hold spaces and parentheses
+    # fields[0] is field 3 (state): ppid=4, utime=14, stime=15, cutime=16, cstime=17.
+    ppid, utime, stime, cutime, cstime = (int(fields[k]) for k in (1, 11, 12, 13, 14))
+    return ppid, max((utime + stime) / _CLK_TCK, _live_threads_ns(pid) / 1e9), (
+        cutime + cstime
+    ) / _CLK_TCK
+
+
+def _live_threads_ns(pid: int) -> int:
+    total = 0
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat", encoding="ascii") as f:
+                total += int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            pass
+    return total
+
+
+def process_tree_cpu(root: int) -> float:
+    """CPU seconds of ``root`` and its live children, plus children it has already reaped."""
+    own = _stat(root)
+    if own is None:
+        return 0.0
+    total = own[1] + own[2]
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != root:
+            st = _stat(int(entry))
+            if st is not None and st[0] == root:
+                total += st[1] + st[2]
+    return total
 
 
 def http_get(url: str, timeout: float = 10.0) -> str:

@@ -24,7 +24,6 @@ import argparse
 import math
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -42,6 +41,7 @@ from bench.common import (
     simulated_fleet,
     wait_until,
 )
+from store import open_store
 from tests.fixtures_pg import _free_port
 
 
@@ -111,22 +111,18 @@ def run_size(fleet: Fleet, targets: int, interval: float, duration: float) -> Si
             tail = err.decode()[-2000:]
             raise RuntimeError(f"tritonwatch serve exited {proc.returncode}: {tail}")
         expected = math.floor((wall1 - wall0) / interval)
-        lo, hi = round(wall0 * 1000), round(wall1 * 1000)
-        with sqlite3.connect(db) as conn:
-            rows = conn.execute(
-                "SELECT s.target, count(*), sum(x.value = 0) FROM series s "
-                "JOIN samples x ON x.series_id = s.id "
-                "WHERE s.name = 'up' AND x.ts >= ? AND x.ts < ? GROUP BY s.target", (lo, hi),
-            ).fetchall()
-            slowest = conn.execute(
-                "SELECT max(x.value) FROM series s JOIN samples x ON x.series_id = s.id "
-                "WHERE s.name = 'scrape_duration_seconds' AND x.ts >= ? AND x.ts < ?", (lo, hi),
-            ).fetchone()[0]
+        # Read back through the store's own query layer (the samples are stored in chunks).
+        # wall1 is exclusive, as a scrape exactly at the end belongs to the next window.
+        with open_store(f"sqlite:///{db}") as store:
+            ups = store.range("up", start=wall0, end=wall1 - 0.001)
+            durations = store.range("scrape_duration_seconds", start=wall0, end=wall1 - 0.001)
+    rows = [(d.target, len(d.values), sum(1 for v in d.values if v == 0)) for d in ups]
+    slowest = max((max(d.values) for d in durations if d.values), default=0.0)
     found = {target: n for target, n, _ in rows}
     short = sum(1 for i in range(targets) if found.get(f"triton-{i}", 0) < expected)
     down = sum(int(d or 0) for _, _, d in rows)
     return Size(targets, fleet.series, t1 - t0, expected, short, down, missed,
-                float(slowest or 0.0), c1 - c0, peak, end_rss)
+                slowest, c1 - c0, peak, end_rss)
 
 
 def main() -> None:

@@ -2,11 +2,9 @@
 
     .venv/bin/python -m bench.ingest [--targets N] [--scrapes K] [--backend sqlite|postgres|both]
 
-A simulated Triton fleet runs in a **separate process**: one ``ThreadingHTTPServer`` on
-127.0.0.1 serving ``/t/<i>/metrics`` for target ``i`` as
-``bench.payloads.triton_payload(seed=i, step=n)``, where ``n`` counts that target's requests,
-so every scrape sees its counters grow (~2,900 series, ~390 KB each).  Payloads are generated
-before the clock starts, so the server only copies bytes while measured; its CPU is reported
+A simulated Triton fleet (``bench.common.simulated_fleet``: ~2,900 series, ~390 KB per scrape,
+20 models, 8 GPUs, TRT-LLM families, series listed in the same order every scrape as Triton
+does, counters growing with every scrape) runs in a **separate process**; its CPU is reported
 for information and excluded from every figure.
 
 Per backend (SQLite in a temp file; a throwaway PostgreSQL 15 started with
@@ -20,8 +18,9 @@ same payload sequence (the server's counters are reset between them):
    the three ``up`` samples), wall time, CPU of this process (all threads, resource.getrusage)
    and of the PostgreSQL server (postmaster plus children, from /proc/<pid>/stat).
 2. **Per stage**: the same path taken apart and timed stage by stage, one target at a time:
-   fetch (httpx, collector.scrape.fetch_metrics), parse (collector.parse.parse plus flattening
-   to samples), derive (Deriver.derive), store write (Store.write, buffering), health
+   fetch (httpx, collector.scrape.fetch_metrics), parse (collector.shape.parse_columns: the
+   payload as a value array against the target's shape), derive (the deriver's snapshot and
+   Deriver.derive), store write (Store.write_columns, buffering), health
    (Store.write_health, which Collector.scrape does once per scrape) and flush (Store.flush,
    once per round).
 """
@@ -30,173 +29,40 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import multiprocessing
 import os
 import resource
-import sqlite3
 import tempfile
 import threading
 import time
-import urllib.request
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from multiprocessing.connection import Connection
 from typing import Any
 
+import numpy as np
 import psycopg
 from psycopg import sql
 
-from bench.payloads import triton_payload
-from collector.derive import Deriver
+from bench.common import Fleet, _stat, http_get, process_tree_cpu, simulated_fleet
+from collector.derive import DERIVED_FROM, Deriver
 from collector.jobs import Collector
 from collector.parse import parse
 from collector.scrape import fetch_metrics, make_client
+from collector.shape import Shape, parse_columns
 from schemas.config import Config, validate_config
-from schemas.samples import Sample, Snapshot, TargetHealth, label_value
+from schemas.samples import Labels, TargetHealth, label_value
 from schemas.triton import ModelConfigInfo
-from store import Store
+from store import Store, open_store
+from tritonwatch.serve import tune_gc
 
 T0 = 1_700_000_000.0
 INTERVAL_S = 15.0
 WARMUP_ROUNDS = 2
 MAX_BATCH_SIZE = 8  # fill-rate denominator configured for every model (as max_batch_size)
 STAGES = ("fetch", "parse", "derive", "store write", "health", "flush")
-_CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-# --- the simulated Triton fleet (separate process) --------------------------------------------
-
-
-def _serve(conn: Connection, targets: int, steps: int) -> None:
-    payloads = [
-        [triton_payload(seed=i, step=s).encode() for s in range(steps)] for i in range(targets)
-    ]
-    counters = [0] * targets
-    lock = threading.Lock()
-
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"  # keep-alive, as prometheus-cpp
-
-        def do_GET(self) -> None:
-            parts = self.path.strip("/").split("/")
-            if parts == ["reset"]:
-                with lock:
-                    counters[:] = [0] * targets
-                self._send(b"ok\n")
-            elif len(parts) == 3 and parts[0] == "t" and parts[2] == "metrics":
-                i = int(parts[1])
-                with lock:
-                    step = counters[i]
-                    counters[i] += 1
-                body = (
-                    payloads[i][step]
-                    if step < steps
-                    else triton_payload(seed=i, step=step).encode()
-                )
-                self._send(body)
-            else:
-                self.send_error(404)
-
-        def _send(self, body: bytes) -> None:
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    conn.send((server.server_address[1], len(payloads[0][0]) if payloads else 0))
-    server.serve_forever()
-
-
-@dataclass
-class Fleet:
-    port: int
-    pid: int
-    payload_bytes: int
-
-    def url(self, i: int) -> str:
-        return f"http://127.0.0.1:{self.port}/t/{i}/metrics"
-
-    def reset(self) -> None:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/reset", timeout=10) as r:
-            r.read()
-
-
-@contextmanager
-def simulated_fleet(targets: int, steps: int) -> Iterator[Fleet]:
-    ctx = multiprocessing.get_context("spawn")
-    parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_serve, args=(child, targets, steps), daemon=True)
-    proc.start()
-    try:
-        if not parent.poll(300):
-            raise RuntimeError("simulated Triton did not start within 300 s")
-        port, size = parent.recv()
-        assert proc.pid is not None
-        yield Fleet(port, proc.pid, size)
-    finally:
-        proc.terminate()
-        proc.join(10)
 
 
 # --- CPU accounting ---------------------------------------------------------------------------
-
-
-def _stat(pid: int) -> tuple[int, float, float] | None:
-    """(ppid, own CPU s, reaped children's CPU s) of ``pid``, or None if it is gone.
-
-    Own CPU is the larger of stat's utime + stime (whole clock ticks, all threads, exited ones
-    included) and the nanosecond run time of its live threads (/proc/<pid>/task/*/schedstat),
-    so a single-threaded PostgreSQL backend is counted to the nanosecond and a process whose
-    threads come and go is not under-counted.  Reaped children exist only in cutime + cstime.
-    """
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-            text = f.read()
-    except OSError:
-        return None
-    fields = text[text.rindex(")") + 2 :].split()  # comm may hold spaces and parentheses
-    # fields[0] is field 3 (state): ppid=4, utime=14, stime=15, cutime=16, cstime=17.
-    ppid, utime, stime, cutime, cstime = (int(fields[k]) for k in (1, 11, 12, 13, 14))
-    return ppid, max((utime + stime) / _CLK_TCK, _live_threads_ns(pid) / 1e9), (
-        cutime + cstime
-    ) / _CLK_TCK
-
-
-def _live_threads_ns(pid: int) -> int:
-    total = 0
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return 0
-    for tid in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/schedstat", encoding="ascii") as f:
-                total += int(f.read().split()[0])
-        except (OSError, ValueError, IndexError):
-            pass
-    return total
-
-
-def process_tree_cpu(root: int) -> float:
-    """CPU seconds of ``root`` and its live children, plus children it has already reaped."""
-    own = _stat(root)
-    if own is None:
-        return 0.0
-    total = own[1] + own[2]
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != root:
-            st = _stat(int(entry))
-            if st is not None and st[0] == root:
-                total += st[1] + st[2]
-    return total
 
 
 def own_cpu() -> tuple[float, float]:
@@ -219,6 +85,12 @@ class Backend:
         return process_tree_cpu(self.server_pid) if self.server_pid else 0.0
 
 
+def count_samples(url: str) -> int:
+    """Samples stored (they are stored in per-series chunks: counted by the store)."""
+    with open_store(url) as store:
+        return store.count_samples()
+
+
 @contextmanager
 def sqlite_backend() -> Iterator[Backend]:
     with tempfile.TemporaryDirectory(prefix="tw-bench-") as tmp:
@@ -226,12 +98,7 @@ def sqlite_backend() -> Iterator[Backend]:
         def new_database(phase: str) -> str:
             return f"sqlite:///{tmp}/{phase}.db"
 
-        def count_rows(url: str) -> int:
-            with sqlite3.connect(url.removeprefix("sqlite:///")) as conn:
-                row = conn.execute("SELECT count(*) FROM samples").fetchone()
-            return int(row[0])
-
-        yield Backend("sqlite", new_database, count_rows)
+        yield Backend("sqlite", new_database, count_samples)
 
 
 @contextmanager
@@ -253,25 +120,21 @@ def postgres_backend(durable: bool) -> Iterator[Backend]:
                 conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(phase)))
             return base_url.rsplit("/", 1)[0] + "/" + phase
 
-        def count_rows(url: str) -> int:
-            with psycopg.connect(url) as conn:
-                row = conn.execute("SELECT count(*) FROM samples").fetchone()
-            assert row is not None
-            return int(row[0])
-
-        yield Backend("postgres", new_database, count_rows, postmaster)
+        yield Backend("postgres", new_database, count_samples, postmaster)
 
 
 class CountingStore(Store):
-    """A Store that counts the samples Store.write accepted (NaN excluded)."""
+    """A Store that counts the samples Store.write / write_columns accepted (NaN excluded)."""
 
     def __init__(self, url: str) -> None:
         super().__init__(url)
         self.accepted = 0
         self._count_lock = threading.Lock()
 
-    def write(self, target: str, ts: float, samples: Iterable[Sample]) -> int:
-        n = super().write(target, ts, samples)
+    def write_columns(
+        self, target: str, ts: float, names: list[str], labels: list[Labels], values: Any
+    ) -> int:
+        n = super().write_columns(target, ts, names, labels, values)
         with self._count_lock:
             self.accepted += n
         return n
@@ -406,6 +269,7 @@ async def _per_stage(
     config = fleet_config(fleet, targets, url, models)
     client = make_client()
     derivers = [Deriver(t.name) for t in config.targets]
+    shapes: dict[int, Shape] = {}
     configs = {m: ModelConfigInfo(name=m, max_batch_size=MAX_BATCH_SIZE) for m in models}
     result = Stages(backend.name, targets * scrapes, 0)
     try:
@@ -423,15 +287,22 @@ async def _per_stage(
                         max_bytes=config.scrape.max_body_bytes,
                     )
                 with timer("parse"):
-                    snap = Snapshot(target.name, ts, tuple(parse(body.text)))
-                    raw = list(snap.samples())
+                    shape, values = parse_columns(body.text, shapes.get(i))
+                    shapes[i] = shape
                 with timer("derive"):
+                    snap = shape.snapshot(target.name, ts, values, keep=DERIVED_FROM)
                     derived = derivers[i].derive(snap, configs)
                 health = TargetHealth(
-                    target.name, "metrics", ts, True, time.perf_counter() - start, len(raw)
+                    target.name, "metrics", ts, True, time.perf_counter() - start, len(values)
                 )
                 with timer("store write"):
-                    store.write(target.name, ts, raw + derived + Collector._up_samples(health))
+                    # As Collector._ingest does.
+                    extra = derived + Collector._up_samples(health)
+                    store.write_columns(
+                        target.name, ts, shape.names + [s.name for s in extra],
+                        shape.labels + [s.labels for s in extra],
+                        np.concatenate([values, np.array([s.value for s in extra])]),
+                    )
                 with timer("health", server=True):
                     store.write_health(health)
             with timer("flush", server=True):
@@ -498,6 +369,7 @@ def _fmt_stages(rows: list[Stages]) -> list[str]:
 
 
 def main() -> None:
+    tune_gc()  # as `tritonwatch serve` does
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--targets", type=int, default=8, help="simulated Triton servers")
     parser.add_argument("--scrapes", type=int, default=50, help="timed scrapes per target")
@@ -509,28 +381,22 @@ def main() -> None:
     args = parser.parse_args()
     if args.targets < 1 or args.scrapes < 1:
         parser.error("--targets and --scrapes must be at least 1")
-    steps = WARMUP_ROUNDS + args.scrapes
-    first = triton_payload(seed=0, step=0)
-    families = parse(first)
-    series = sum(len(f.samples) for f in families)
-    models = sorted(
-        {label_value(s.labels, "model") for f in families for s in f.samples} - {""}
-    )
     backends = ["sqlite", "postgres"] if args.backend == "both" else [args.backend]
 
     print(
         f"Tritonwatch ingest benchmark: {args.targets} targets x {args.scrapes} timed scrapes "
         f"(+{WARMUP_ROUNDS} warm-up rounds, not timed), {os.cpu_count()} CPUs"
     )
-    print(
-        f"payload: bench.payloads.triton_payload(seed=target, step=n), {series:,} series, "
-        f"{len(first.encode()) / 1024:.0f} KiB per scrape, counters grow every scrape; "
-        f"max_batch_size={MAX_BATCH_SIZE} configured for {len(models)} models"
-    )
-    print(f"generating {args.targets * steps} payloads in the simulated Triton process ...")
     e2e: list[EndToEnd] = []
     per_stage: list[Stages] = []
-    with simulated_fleet(args.targets, steps) as fleet:
+    with simulated_fleet(args.targets) as fleet:
+        models = _models(fleet)
+        print(
+            f"payload: bench.common.simulated_fleet, {fleet.series:,} series, "
+            f"{fleet.payload_bytes / 1024:.0f} KiB per scrape, series order fixed, counters "
+            f"grow every scrape; max_batch_size={MAX_BATCH_SIZE} configured for "
+            f"{len(models)} models"
+        )
         fleet_cpu0 = process_tree_cpu(fleet.pid)
         for name in backends:
             with (
@@ -574,17 +440,23 @@ def main() -> None:
         "stage timed on its own"
     )
     print(
-        "  parse includes flattening to samples; health = Store.write_health (one "
-        "transaction per scrape, as Collector.scrape does); flush once per round of "
+        "  parse = parse_columns (values against the target's shape); health = "
+        "Store.write_health (one transaction per scrape, as Collector.scrape does); flush "
+        "once per round of "
         f"{fleet_targets(args.targets)}; ms are per scrape; samples/s = samples / stage time"
     )
     for line in _fmt_stages(per_stage):
         print("  " + line)
     print(
         f"EXCLUDED: the simulated Triton HTTP server (pid {fleet.pid}, separate process) used "
-        f"{fleet_cpu:.2f} CPU s during all runs (payloads pre-generated, serving only); it is "
+        f"{fleet_cpu:.2f} CPU s during all runs (rendering and serving payloads); it is "
         "not in any figure above, but it shares the machine's CPUs with the client and the DB."
     )
+
+
+def _models(fleet: Fleet) -> list[str]:
+    families = parse(http_get(fleet.url(0)))
+    return sorted({label_value(s.labels, "model") for f in families for s in f.samples} - {""})
 
 
 def fleet_targets(n: int) -> str:

@@ -27,16 +27,16 @@ next ``--duration`` seconds:
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 from dataclasses import dataclass
 
-import psycopg
 import yaml
 
 from bench.common import (
@@ -50,6 +50,7 @@ from bench.common import (
 from bench.ingest import postgres_backend
 from collector.parse import parse
 from schemas.samples import label_value
+from store import open_store
 from tests.fixtures_pg import _free_port
 
 PROMETHEUS = "/usr/bin/prometheus"
@@ -63,6 +64,9 @@ class Result:
     cpu_s: float  # scraper process
     db_cpu_s: float  # PostgreSQL server (0 for SQLite: it runs inside the scraper)
     peak_rss_mib: float
+    scrapes: int  # successful scrapes stored in the window (both: from their ``up`` series)
+    expected: int  # targets x window / interval
+    failed: str = ""  # why the run produced no figure (the scraper died or never answered)
 
     @property
     def total_cpu_s(self) -> float:
@@ -70,7 +74,7 @@ class Result:
 
     @property
     def per_cpu_s(self) -> float:
-        return self.samples / self.total_cpu_s
+        return self.samples / self.total_cpu_s if self.total_cpu_s > 0 else 0.0
 
 
 def _prom_appended(port: int) -> int:
@@ -113,10 +117,20 @@ def run_prometheus(fleet: Fleet, targets: int, interval: float, warmup: float,
             c1, t1 = process_tree_cpu(proc.pid), time.perf_counter()
             n1 = _prom_appended(port)
             rss = peak_rss_mib(proc.pid)
+            scrapes = _prom_scrapes(port, t1 - t0)
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(60)
-    return Result("prometheus 2.42", n1 - n0, t1 - t0, c1 - c0, 0.0, rss)
+    expected = int(targets * (t1 - t0) // interval)
+    return Result("prometheus 2.42", n1 - n0, t1 - t0, c1 - c0, 0.0, rss, scrapes, expected)
+
+
+def _prom_scrapes(port: int, window_s: float) -> int:
+    """Successful scrapes in the last ``window_s``: ``sum(sum_over_time(up[window]))``."""
+    query = urllib.parse.quote(f"sum(sum_over_time(up[{int(window_s * 1000)}ms]))")
+    answer = json.loads(http_get(f"http://127.0.0.1:{port}/api/v1/query?query={query}"))
+    result = answer["data"]["result"]
+    return int(float(result[0]["value"][1])) if result else 0
 
 
 def _models(fleet: Fleet) -> list[str]:
@@ -148,13 +162,8 @@ def run_tritonwatch(fleet: Fleet, targets: int, interval: float, warmup: float, 
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
         def count() -> int:
-            if url.startswith("sqlite:///"):
-                with sqlite3.connect(url.removeprefix("sqlite:///")) as conn:
-                    return int(conn.execute("SELECT count(*) FROM samples").fetchone()[0])
-            with psycopg.connect(url.replace("postgresql+psycopg", "postgresql")) as conn:
-                row = conn.execute("SELECT count(*) FROM samples").fetchone()
-                assert row is not None
-                return int(row[0])
+            with open_store(url) as store:
+                return store.count_samples()
 
         def db_cpu() -> float:
             return process_tree_cpu(db_pid) if db_pid else 0.0
@@ -166,17 +175,33 @@ def run_tritonwatch(fleet: Fleet, targets: int, interval: float, warmup: float, 
             # Counts outside the CPU window: counting costs neither side.
             n0 = count()
             c0, d0, t0 = process_tree_cpu(proc.pid), db_cpu(), time.perf_counter()
+            wall0 = time.time()
             time.sleep(duration)
             c1, d1, t1 = process_tree_cpu(proc.pid), db_cpu(), time.perf_counter()
+            wall1 = time.time()
             n1 = count()
             rss = peak_rss_mib(proc.pid)
-        finally:
-            proc.send_signal(signal.SIGTERM)
+        except (RuntimeError, OSError) as exc:
+            # Overloaded past answering (or dead): a row that says so, not a crash.
+            proc.kill()
             _, err = proc.communicate(timeout=120)
+            reason = f"{exc}; stderr: {err.decode()[-300:]!r}"
+            return Result(who, 0, 0.0, 0.0, 0.0, 0.0, 0, 0, failed=reason)
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                _, err = proc.communicate(timeout=300)
         if proc.returncode:
             tail = err.decode()[-2000:]
             raise RuntimeError(f"tritonwatch serve exited {proc.returncode}: {tail}")
-    return Result(who, n1 - n0, t1 - t0, c1 - c0, d1 - d0, rss)
+        # After the final flush: every scrape of the window is stored by now.
+        with open_store(url) as store:
+            ups = store.range("up", start=wall0, end=wall1)
+        scrapes = sum(
+            sum(1 for v in d.values if v == 1) for d in ups if d.target.startswith("triton-")
+        )
+    expected = int(targets * (t1 - t0) // interval)
+    return Result(who, n1 - n0, t1 - t0, c1 - c0, d1 - d0, rss, scrapes, expected)
 
 
 def main() -> None:
@@ -213,16 +238,24 @@ def main() -> None:
         fleet_cpu = process_tree_cpu(fleet.pid)
 
     head = (f"{'scraper':<22} {'samples':>10} {'samples/s':>10} {'proc CPU s':>10} "
-            f"{'DB CPU s':>9} {'samples/CPU-s':>13} {'vs prom':>8} {'peak RSS MiB':>12}")
+            f"{'DB CPU s':>9} {'samples/CPU-s':>13} {'vs prom':>8} {'peak RSS MiB':>12} "
+            f"{'scrapes':>15}")
     print()
     print(head)
     print("-" * len(head))
     ref = results[0].per_cpu_s
     for r in results:
+        if r.failed:
+            print(f"{r.who:<22} FAILED: {r.failed}")
+            continue
         db = f"{r.db_cpu_s:9.2f}" if r.db_cpu_s else f"{'-':>9}"
+        done = f"{r.scrapes:,}/{r.expected:,}"
         print(f"{r.who:<22} {r.samples:>10,} {r.samples / r.window_s:>10,.0f} {r.cpu_s:10.2f} "
-              f"{db} {r.per_cpu_s:>13,.0f} {r.per_cpu_s / ref:>8.1%} {r.peak_rss_mib:>12.0f}")
+              f"{db} {r.per_cpu_s:>13,.0f} {r.per_cpu_s / ref:>8.1%} {r.peak_rss_mib:>12.0f} "
+              f"{done:>15}")
     print()
+    print("scrapes: successful scrapes stored in the window / (targets x window / interval); "
+          "a scraper that falls behind stores fewer, and its figure covers less work")
     print("samples: Prometheus = head samples appended (NaN kept, +5 synthetic per scrape); "
           "tritonwatch = rows stored (NaN skipped, + derived SLIs, +3 synthetic per scrape)")
     print(f"target: tritonwatch >= 50% of Prometheus's samples/CPU-s on each backend; the "

@@ -230,6 +230,20 @@ def _build_roles() -> dict[str, _Role]:
 
 _ROLES = _build_roles()
 
+#: The families ``Deriver.derive`` reads samples of; it skips every other family whole (so a
+#: caller may pass those without samples).  A family is named after its samples, or after them
+#: less one of these suffixes (in both parsers).  Most of a Triton payload (the per-model
+#: summaries, load durations, CPU and memory gauges) is not read at all.
+DERIVED_FROM = frozenset(
+    set(_ROLES)
+    | {
+        name.removesuffix(suffix)
+        for name in _ROLES
+        for suffix in ("_total", "_sum", "_count", "_bucket", "_created")
+        if name.endswith(suffix)
+    }
+)
+
 #: The raw family names this module reads (as collector/metric_map.py spells them).
 INPUT_FAMILIES: frozenset[str] = frozenset(
     [f for f, *_ in _COUNTERS if not f.startswith("vllm:")]
@@ -320,8 +334,11 @@ class Deriver:
         roles = _ROLES
         isfinite = math.isfinite
 
+        role_families = DERIVED_FROM
         for family in snap.families:
             present[_STATS if family.name.startswith("triton_stats_") else _METRICS] = True
+            if family.name not in role_families:
+                continue
             for sample in family.samples:
                 role = roles.get(sample.name)
                 if role is None:

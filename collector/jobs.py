@@ -31,17 +31,19 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
+import numpy as np
 from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_MISSED, JobExecutionEvent
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from collector.derive import Deriver
+from collector.derive import DERIVED_FROM, Deriver
 from collector.gpu import GpuSliDeriver
 from collector.nvml import NvmlCollector
-from collector.parse import ParseError, parse
+from collector.parse import ParseError
 from collector.probes.runner import ProbeRunner, resolve_url
 from collector.probes.sink import ProbeMetrics, run_samples
 from collector.scrape import ScrapeError, fetch_metrics, make_client
+from collector.shape import Shape, Values, parse_columns
 from collector.triton import TritonApi, TritonApiError
 from schemas.config import Config, TargetConfig
 from schemas.probes import ProbeResult
@@ -78,15 +80,15 @@ def stagger_offset(name: str, interval: float) -> float:
 
 
 def _with_target_labels(samples: Iterable[Sample], extra: Mapping[str, str]) -> list[Sample]:
+    return [Sample(s.name, _add_labels(s.labels, extra), s.value) for s in samples]
+
+
+def _add_labels(labels: Labels, extra: Mapping[str, str]) -> Labels:
     # Labels the exposition already carries win over configured target labels, so a
     # configured `model` label can never hide the model that Triton reported.
-    out = []
-    for sample in samples:
-        names = {k for k, _ in sample.labels}
-        add = tuple((k, v) for k, v in extra.items() if k not in names)
-        labels: Labels = tuple(sorted(sample.labels + add)) if add else sample.labels
-        out.append(Sample(sample.name, labels, sample.value))
-    return out
+    names = {k for k, _ in labels}
+    add = tuple((k, v) for k, v in extra.items() if k not in names)
+    return tuple(sorted(labels + add)) if add else labels
 
 
 class SelfMetrics:
@@ -154,9 +156,37 @@ class TargetState:
             if target.http_url or target.grpc_url else None
         )
         self.latest: list[Sample] = []  # derived SLIs of the last scrape, for display
-        self.latest_raw: list[Sample] = []  # raw samples of the last scrape, for the GPU join
+        # The last scrape's structure and values (column-wise: no per-sample objects kept).
+        self.shape: Shape | None = None
+        self.values: Values = np.empty(0, np.float64)
+        # The shape's label tuples with the target's labels added, built once per shape.
+        self._labeled: tuple[Shape | None, list[Labels]] = (None, [])
         # Model configs as last written to the store: only changed ones are written again.
         self.written_configs: dict[str, dict[str, Any]] = {}
+
+    @property
+    def latest_raw(self) -> list[Sample]:
+        """The raw samples of the last successful scrape (built on demand, for the GPU join)."""
+        if self.shape is None or len(self.values) != len(self.shape):
+            return []  # never scraped, or down since (forget_scrape)
+        return self.shape.samples(self.values)
+
+    def forget_scrape(self) -> None:
+        """The target is down: its last scrape no longer describes it."""
+        self.latest = []
+        self.values = np.empty(0, np.float64)
+        # The shape stays: when the target comes back, its first payload can still match it.
+
+    def shape_labels(self, shape: Shape) -> list[Labels]:
+        """The label tuples to store for ``shape``'s series (with the target's labels)."""
+        extra = self.config.labels
+        if not extra:
+            return shape.labels
+        cached_shape, labeled = self._labeled
+        if cached_shape is not shape:
+            labeled = [_add_labels(labels, extra) for labels in shape.labels]
+            self._labeled = (shape, labeled)
+        return labeled
 
     def set_configs(self, configs: Mapping[str, ModelConfigInfo]) -> None:
         merged = dict(configs)
@@ -242,7 +272,8 @@ class Collector:
                     max_bytes=self.config.scrape.max_body_bytes, headers=target.headers,
                 )
             # Off the event loop: a body that takes the reference parser can take seconds.
-            raw, derived = await asyncio.to_thread(self._parse_and_derive, state, body.text, now)
+            # One hop for parse, derive and buffering: each thread hop costs a wake-up.
+            health = await asyncio.to_thread(self._ingest, state, body.text, now, start)
         except (ScrapeError, ParseError) as exc:
             reason = exc.reason if isinstance(exc, ScrapeError) else f"unparsable body: {exc}"
             return await self._scrape_failed(state, now, start, reason)
@@ -253,34 +284,43 @@ class Collector:
                 state, now, start, f"scrape of target {name!r} failed: {exc!r}"
             )
             raise
-        state.latest = derived
-        state.latest_raw = raw
-        health = TargetHealth(name, "metrics", now, True, time.perf_counter() - start, len(raw))
-        samples = raw + derived + self._up_samples(health)
-        if target.labels:
-            samples = _with_target_labels(samples, target.labels)
-        await asyncio.to_thread(self.store.write, name, now, samples)
         await self._record(health)
         return health
 
-    @staticmethod
-    def _parse_and_derive(
-        state: TargetState, text: str, now: float
-    ) -> tuple[list[Sample], list[Sample]]:
-        # Runs in a worker thread.
-        snap = Snapshot(state.config.name, now, tuple(parse(text)))
-        raw = list(snap.samples())
+    def _ingest(self, state: TargetState, text: str, now: float, start: float) -> TargetHealth:
+        """Parse, derive and buffer one scrape; runs in a worker thread.
+
+        Column-wise end to end: the payload is read as one value array against the target's
+        shape (collector.shape), the deriver sees only the families it reads, and the store
+        gets the shape's own name and label lists, so the steady state builds no per-sample
+        objects for the raw series.
+        """
+        target = state.config
+        shape, values = parse_columns(text, state.shape)
+        snap = shape.snapshot(target.name, now, values, keep=DERIVED_FROM)
         with state.derive_lock:
             derived = state.deriver.derive(snap, state.configs)
-        return raw, derived
+        state.shape, state.values, state.latest = shape, values, derived
+        health = TargetHealth(
+            target.name, "metrics", now, True, time.perf_counter() - start, len(values)
+        )
+        extra = derived + self._up_samples(health)
+        if target.labels:
+            extra = _with_target_labels(extra, target.labels)
+        self.store.write_columns(
+            target.name, now,
+            shape.names + [s.name for s in extra],
+            state.shape_labels(shape) + [s.labels for s in extra],
+            np.concatenate([values, np.fromiter((s.value for s in extra), np.float64, len(extra))]),
+        )
+        return health
 
     async def _scrape_failed(
         self, state: TargetState, now: float, start: float, reason: str
     ) -> TargetHealth:
         # The last good snapshot is no longer the target's state: the GPU join must not keep
         # joining a dead server's frozen queue with live NVML readings.
-        state.latest = []
-        state.latest_raw = []
+        state.forget_scrape()
         name = state.config.name
         health = TargetHealth(name, "metrics", now, False, time.perf_counter() - start, 0, reason)
         await self._record(health)

@@ -95,19 +95,18 @@ _ALLOWED_SUFFIXES = {
     "histogram": ("_count", "_sum", "_bucket"),
 }
 
-# Label-set cache shared by all calls: a target's series repeat scrape after scrape, so the
-# steady state parses no label string at all (about 4x faster than a cold parse), and hands the
-# store the very same label tuples each time (its series-id lookup then compares identities).
-# Keyed by the raw `name{...}` text, which holds no target name, so a fleet of servers with the
-# same models shares entries; the value is a pure function of the key, so sharing it between
-# threads is harmless.  An entry costs about 800 bytes, so the bound (~160 MB) keeps roughly
-# 200,000 distinct series warm: a fleet of hundreds of targets.  Past it, new heads are parsed
-# cold and not cached; nothing is evicted, because a fleet whose series outnumber the bound
-# scrapes them in a cycle, and clearing (or LRU) would then turn every lookup into a miss,
-# while keeping the first 200,000 keeps that share warm.  Series that went away stay cached
-# until ``clear_head_cache()``.
+# Label-set cache shared by all calls: parsing a head is the costly part of a cold parse, and
+# the cache also hands out the very same label tuples for the same series each time (the store
+# compares them by identity first).  Keyed by the raw `name{...}` text, which holds no target
+# name, so a fleet of servers with the same models shares entries; the value is a pure function
+# of the key, so sharing it between threads is harmless.  A target's steady state does not come
+# here at all (collector.shape reads a payload with an unchanged structure as values only), so
+# the cache serves first scrapes and changed payloads, and is kept small: an entry costs about
+# 800 bytes, so the bound is ~40 MB.  Past it, new heads are parsed cold and not cached; nothing
+# is evicted (a fleet whose series outnumber the bound would otherwise turn every lookup into a
+# miss).  Series that went away stay cached until ``clear_head_cache()``.
 _HEAD_CACHE: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {}
-_HEAD_CACHE_MAX = 200_000
+_HEAD_CACHE_MAX = 50_000
 
 
 def clear_head_cache() -> None:

@@ -251,6 +251,10 @@ class StoreConfig(_Frozen):
     """``sqlite:///path.db`` (embedded default) or ``postgresql://user:pass@host/db``."""
     flush_interval: PositiveDuration = 5.0
     """Buffered samples are committed at least this often."""
+    batch_samples: int = Field(default=1_000_000, ge=1_000, le=10_000_000)
+    """Commit early once this many samples are buffered.  Each commit rewrites a page per series
+    it touches, so fewer, larger commits are cheaper; the buffer holds up to 10x this while the
+    database is unavailable."""
     retention: RetentionConfig = RetentionConfig()
 
     @field_validator("url")

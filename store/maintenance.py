@@ -3,6 +3,11 @@
 Both jobs commit in bounded steps so that a SQLite writer (one at a time) never waits long
 behind them, and so that an interrupted run resumes where it stopped.
 
+Raw samples are stored as per-series chunks (``store.chunks``): rollups decode and aggregate
+them in numpy, retention deletes whole chunks and rewrites the one straddling its cutoff, and
+:func:`compact` (run after each rollup) merges the many small chunks that flushes write into
+one per series and hour.
+
 Late samples.  A rollup summarises the buckets below its watermark once; samples committed
 below the watermark later (a buffer flushed after a database outage, a second collector sharing
 PostgreSQL whose flush lags) would never be summarised, and raw retention would then delete
@@ -21,12 +26,14 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Table, delete, exists, func, select, tuple_
+import numpy as np
+from sqlalchemy import Connection, Engine, Table, case, delete, exists, func, select, tuple_
 
 from schemas import tables as t
+from store.chunks import MAX_SAMPLES, WINDOW_MS, encode, window_start
 from store.engine import transaction
-from store.query import ROLLUP_1H_MS, ROLLUP_5M_MS
-from store.write import dialect_insert
+from store.query import ROLLUP_1H_MS, ROLLUP_5M_MS, aggregate, merge_rows, raw_samples
+from store.write import PG_LOCK_ROLLUP, dialect_insert, insert_chunks
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +57,21 @@ _CHUNK_1H_MS = 7 * 24 * ROLLUP_1H_MS
 # Series ids per retention statement (bind parameters), rows per delete transaction default.
 _ID_BATCH = 500
 
-# Arbitrary constant key for pg_advisory_xact_lock: serialises rollups of concurrent processes.
-_PG_LOCK_ROLLUP = 0x7477_0001
+# Serialises rollups, compaction and chunk retention of concurrent processes (flushes take it
+# shared); defined beside the flush that takes it.
+_PG_LOCK_ROLLUP = PG_LOCK_ROLLUP
+
+#: Windows (``store.chunks.WINDOW_MS``) below this are compacted; the next one to do.
+COMPACT_WATERMARK = "compact_watermark_ms"
+#: Set by a flush writing into a compacted window: the earliest window to compact again.
+COMPACT_REWIND = "compact_rewind_ms"
+#: The window a compaction is working through (still set after a crash: done again).
+COMPACT_BUSY = "compact_busy_ms"
+#: A window is compacted once it ended this long ago: flushes of a normal collector have
+#: long stopped writing into it, so compaction rarely has to do a window twice.
+COMPACT_AFTER_MS = 600_000
+# Series per compaction transaction: bounds how long one holds the write lock.
+_COMPACT_IDS = 200
 
 
 def get_meta(conn: Connection, key: str) -> str | None:
@@ -96,6 +116,11 @@ def _int_meta(conn: Connection, key: str) -> int | None:
     return None if value is None else int(value)
 
 
+def _int_metas(conn: Connection, *keys: str) -> dict[str, int]:
+    rows = conn.execute(select(t.meta.c.key, t.meta.c.value).where(t.meta.c.key.in_(keys)))
+    return {key: int(value) for key, value in rows}
+
+
 def rewind_watermarks(conn: Connection, oldest_ms: int) -> int | None:
     """Inside a flush's transaction: move the rollup watermarks back before ``oldest_ms``.
 
@@ -103,7 +128,8 @@ def rewind_watermarks(conn: Connection, oldest_ms: int) -> int | None:
     watermark, the watermark moves back to the start of its bucket (not below the raw
     horizon), and the 1 h watermark to the start of that bucket's hour (not below the 5 m
     horizon), so the next rollup summarises those buckets again.  Returns the new 5 m
-    watermark, or None when nothing moved.
+    watermark, or None when nothing moved.  Likewise, samples older than the compaction
+    watermark mark their window for compaction again (:func:`compact`).
 
     On PostgreSQL the flush takes the rollup lock in shared mode: it waits for a rollup
     transaction in progress (which may not have seen these samples) and reads the watermark
@@ -111,7 +137,15 @@ def rewind_watermarks(conn: Connection, oldest_ms: int) -> int | None:
     flush's BEGIN IMMEDIATE already serialises it with the rollup.
     """
     advisory_lock(conn, _PG_LOCK_ROLLUP, shared=True)
-    wm_5m = _int_meta(conn, WATERMARK_5M)
+    marks = _int_metas(conn, WATERMARK_5M, COMPACT_WATERMARK)
+    compacted = marks.get(COMPACT_WATERMARK)
+    if compacted is not None and oldest_ms < compacted:
+        # Into a window compaction has done (or is doing): it must do that window again.
+        window = window_start(oldest_ms)
+        rewind = _int_meta(conn, COMPACT_REWIND)
+        if rewind is None or window < rewind:
+            set_meta(conn, COMPACT_REWIND, str(window))
+    wm_5m = marks.get(WATERMARK_5M)
     if wm_5m is None or oldest_ms >= wm_5m:
         return None  # no rollup yet (the first one starts at the oldest sample), or not late
     target = max(_floor(oldest_ms, ROLLUP_5M_MS), _int_meta(conn, HORIZON_RAW) or 0)
@@ -130,29 +164,56 @@ def rewind_watermarks(conn: Connection, oldest_ms: int) -> int | None:
 
 
 def _rollup_stmt(conn: Connection, src: Table, dst: Table, *, lo: int, hi: int, res: int) -> Any:
+    # Rollup rows from rollup rows (1 h from 5 m), in SQL.
     c = src.c
-    raw = src is t.samples
-    last = c.value if raw else c["last"]
-    newest = func.first_value(last).over(
+    newest = func.first_value(c["last"]).over(
         partition_by=(c.series_id, c.ts // res), order_by=c.ts.desc()
     )
     cols: list[Any] = [c.series_id, ((c.ts // res) * res).label("b"), newest.label("newest")]
-    cols += [c.value] if raw else [c["min"], c["max"], c["sum"], c["count"]]
+    cols += [c["min"], c["max"], c["sum"], c["count"]]
     inner = select(*cols).where(c.ts >= lo, c.ts < hi).subquery()
     i = inner.c
-    if raw:
-        aggs = [func.min(i.value), func.max(i.value), func.sum(i.value), func.count()]
-    else:
-        aggs = [func.min(i["min"]), func.max(i["max"]), func.sum(i["sum"]), func.sum(i["count"])]
+    aggs = [func.min(i["min"]), func.max(i["max"]), func.sum(i["sum"]), func.sum(i["count"])]
     source = select(i.series_id, i.b, *aggs, func.max(i.newest)).group_by(i.series_id, i.b)
-    names = ["series_id", "ts", "min", "max", "sum", "count", "last"]
-    stmt = dialect_insert(conn, dst).from_select(names, source)
+    stmt = dialect_insert(conn, dst).from_select(_ROLLUP_COLUMNS, source)
+    return _upsert(stmt, dst)
+
+
+_ROLLUP_COLUMNS = ["series_id", "ts", "min", "max", "sum", "count", "last"]
+
+
+def _upsert(stmt: Any, dst: Table) -> Any:
     # Upsert: re-running a chunk (two processes, or a crash before the watermark commit)
     # rewrites the same rows instead of failing.
     return stmt.on_conflict_do_update(
         index_elements=[dst.c.series_id, dst.c.ts],
-        set_={n: stmt.excluded[n] for n in names[2:]},
+        set_={n: stmt.excluded[n] for n in _ROLLUP_COLUMNS[2:]},
     )
+
+
+def _series_ids(conn: Connection) -> list[int]:
+    return list(conn.execute(select(t.series.c.id).order_by(t.series.c.id)).scalars())
+
+
+def _rollup_raw(conn: Connection, dst: Table, *, lo: int, hi: int, res: int) -> int:
+    # Rollup rows from raw samples: decoded and aggregated in numpy, a batch of series at a
+    # time (index range scans of the chunks, bounded memory).
+    written = 0
+    ids = _series_ids(conn)
+    for i in range(0, len(ids), _ID_BATCH):
+        a = aggregate(raw_samples(conn, ids[i : i + _ID_BATCH], lo_ms=lo, hi_ms=hi - 1), res)
+        if not len(a.ids):
+            continue
+        rows = [
+            dict(zip(_ROLLUP_COLUMNS, row, strict=True))
+            for row in zip(
+                a.ids.tolist(), a.buckets.tolist(), a.min.tolist(), a.max.tolist(),
+                a.sum.tolist(), a.n.tolist(), a.last.tolist(), strict=True,
+            )
+        ]
+        conn.execute(_upsert(dialect_insert(conn, dst), dst), rows)
+        written += len(rows)
+    return written
 
 
 Gate = AbstractContextManager[Any]
@@ -163,6 +224,8 @@ def _roll(
     hi: Callable[[Connection], int | None], chunk: int, gate: Gate,
 ) -> int:
     written = 0
+    raw = src is t.sample_chunks
+    oldest = src.c.start_ms if raw else src.c.ts
     while True:
         with gate, transaction(engine, write=True) as conn:
             advisory_lock(conn, _PG_LOCK_ROLLUP)
@@ -173,7 +236,7 @@ def _roll(
             stored = get_meta(conn, key)
             if stored is None:
                 # First run only: start at the oldest data (a full scan, once).
-                first = conn.execute(select(func.min(src.c.ts))).scalar_one_or_none()
+                first = conn.execute(select(func.min(oldest))).scalar_one_or_none()
                 if first is None:
                     return written  # nothing to summarise yet
                 lo = int(first) // res * res
@@ -184,10 +247,13 @@ def _roll(
             if lo >= top:
                 return written
             step_hi = min(top, lo + chunk)
-            stmt = _rollup_stmt(conn, src, dst, lo=lo, hi=step_hi, res=res)
-            # Not every dialect reports rowcount for INSERT ... SELECT unless asked to.
-            result = conn.execute(stmt.execution_options(preserve_rowcount=True))
-            written += max(result.rowcount, 0)
+            if raw:
+                written += _rollup_raw(conn, dst, lo=lo, hi=step_hi, res=res)
+            else:
+                stmt = _rollup_stmt(conn, src, dst, lo=lo, hi=step_hi, res=res)
+                # Not every dialect reports rowcount for INSERT ... SELECT unless asked to.
+                result = conn.execute(stmt.execution_options(preserve_rowcount=True))
+                written += max(result.rowcount, 0)
             set_meta(conn, key, str(step_hi))
 
 
@@ -209,7 +275,7 @@ def rollup(engine: Engine, *, now_ms: int, gate: Gate | None = None) -> int:
 
     written = _roll(
         engine,
-        src=t.samples,
+        src=t.sample_chunks,
         dst=t.rollups_5m,
         res=ROLLUP_5M_MS,
         key=WATERMARK_5M,
@@ -230,6 +296,81 @@ def rollup(engine: Engine, *, now_ms: int, gate: Gate | None = None) -> int:
         gate=gate,
     )
     return written
+
+
+def compact(engine: Engine, *, now_ms: int, gate: Gate | None = None) -> int:
+    """Merge the chunks of each series in every window (``store.chunks.WINDOW_MS``) that ended
+    :data:`COMPACT_AFTER_MS` ago; returns the number of chunks removed.
+
+    A flush writes one chunk per series (a scrape interval's worth), so an hour holds hundreds
+    per series; compaction leaves one (or, past ``MAX_SAMPLES``, a few), resolving overlaps by
+    the last-write rule.  Windows go in order (:data:`COMPACT_WATERMARK`), each in one
+    transaction per :data:`_COMPACT_IDS` series; a series is rewritten only if more than one of
+    its chunks in the window is not full.
+
+    Why nothing is lost.  Every transaction holds the rollup lock exclusively, and a flush
+    holds it in shared mode from before it takes its ``seq`` until it commits (SQLite
+    serialises writers anyway): so compaction sees every chunk whose ``seq`` is taken, and a
+    chunk written later has a higher ``seq`` than any it merged.  No chunk crosses a window,
+    so the merged chunks, which keep the highest ``seq`` they replaced, overlap no chunk that
+    compaction did not read: the last-write rule gives the same answer before and after, and
+    samples flushed later into the window win over them as they did over what they replaced.
+    Such late samples (older than the compaction watermark) also mark their window
+    (:data:`COMPACT_REWIND`, see :func:`rewind_watermarks`) so that it is compacted again; a
+    window interrupted by a crash is done again too (:data:`COMPACT_BUSY`).
+    """
+    gate = gate or nullcontext()
+    top = window_start(now_ms - COMPACT_AFTER_MS)
+    removed = 0
+    while True:
+        with gate, transaction(engine, write=True) as conn:
+            advisory_lock(conn, _PG_LOCK_ROLLUP)
+            marks = _int_metas(conn, COMPACT_WATERMARK, COMPACT_REWIND, COMPACT_BUSY)
+            done = marks.get(COMPACT_WATERMARK)
+            if done is None:
+                # First run only: start at the oldest chunk (a full scan, once).
+                first = conn.execute(select(func.min(t.sample_chunks.c.start_ms))).scalar()
+                if first is None:
+                    return removed
+                done = window_start(int(first))
+                set_meta(conn, COMPACT_WATERMARK, str(done))
+            window = min([done] + [marks[k] for k in (COMPACT_REWIND, COMPACT_BUSY) if k in marks])
+            if window >= top:
+                return removed
+            conn.execute(delete(t.meta).where(t.meta.c.key == COMPACT_REWIND))
+            set_meta(conn, COMPACT_WATERMARK, str(window + WINDOW_MS))
+            set_meta(conn, COMPACT_BUSY, str(window))
+            # Read again for every window: the late flush that marked it may have created series.
+            ids = _series_ids(conn)
+        for i in range(0, len(ids), _COMPACT_IDS):
+            with gate, transaction(engine, write=True) as conn:
+                advisory_lock(conn, _PG_LOCK_ROLLUP)
+                removed += _compact_window(conn, ids[i : i + _COMPACT_IDS], window)
+        with gate, transaction(engine, write=True) as conn:
+            advisory_lock(conn, _PG_LOCK_ROLLUP)
+            if _int_meta(conn, COMPACT_BUSY) == window:
+                conn.execute(delete(t.meta).where(t.meta.c.key == COMPACT_BUSY))
+        log.debug("store: compacted the chunks of the window at %d ms", window)
+
+
+def _compact_window(conn: Connection, ids: list[int], window: int) -> int:
+    c = t.sample_chunks.c
+    where = [c.series_id.in_(ids), c.start_ms >= window, c.start_ms < window + WINDOW_MS]
+    not_full = func.sum(case((c.n < MAX_SAMPLES, 1), else_=0))
+    query = select(c.series_id).where(*where).group_by(c.series_id).having(not_full > 1)
+    todo = list(conn.execute(query).scalars())
+    if not todo:
+        return 0
+    where[0] = c.series_id.in_(todo)
+    rows = conn.execute(select(c.series_id, c.start_ms, c.seq, c.n, c.data).where(*where)).all()
+    top_seq: dict[int, int] = {}
+    for sid, _, seq, _, _ in rows:
+        top_seq[sid] = max(seq, top_seq.get(sid, seq))
+    m = merge_rows(rows, lo_ms=_I64_MIN, hi_ms=_I64_MAX)
+    conn.execute(delete(t.sample_chunks).where(*where))
+    merged = encode(m.ids, m.ts, m.values, max_samples=MAX_SAMPLES)
+    insert_chunks(conn, merged, np.array([top_seq[s] for s in merged.ids.tolist()], np.int64))
+    return len(rows) - len(merged)
 
 
 def _delete_before(
@@ -261,6 +402,62 @@ def _delete_before(
     return deleted
 
 
+def _delete_chunks_before(
+    engine: Engine, cutoff_ms: int, *, batch_rows: int, gate: Gate
+) -> int:
+    """Delete raw samples with ``ts < cutoff_ms``; returns how many.
+
+    Walks the series ids so that every statement is a range scan of the primary key, and
+    deletes at most ``batch_rows`` chunks per transaction.  A chunk wholly before the cutoff
+    is deleted; one straddling it is then rewritten with its samples from the cutoff on (same
+    ``seq``, so it keeps its place in write order).  Under the rollup lock, so that a
+    compaction never writes back samples deleted here.
+    """
+    with transaction(engine, write=False) as conn:
+        ids = _series_ids(conn)
+    c = t.sample_chunks.c
+    key = tuple_(c.series_id, c.start_ms, c.seq)
+    deleted = 0
+    for i in range(0, len(ids), _ID_BATCH):
+        batch = ids[i : i + _ID_BATCH]
+        old = (c.series_id.in_(batch), c.start_ms < cutoff_ms)
+        while True:
+            victims = select(c.series_id, c.start_ms, c.seq).where(*old, c.end_ms < cutoff_ms)
+            with gate, transaction(engine, write=True) as conn:
+                advisory_lock(conn, _PG_LOCK_ROLLUP)
+                stmt = delete(t.sample_chunks).where(key.in_(victims.limit(batch_rows)))
+                counts = conn.execute(stmt.returning(t.sample_chunks.c.n)).scalars().all()
+            deleted += sum(counts)
+            if len(counts) < batch_rows:
+                break
+        while True:
+            with gate, transaction(engine, write=True) as conn:
+                advisory_lock(conn, _PG_LOCK_ROLLUP)
+                rows = conn.execute(
+                    select(c.series_id, c.start_ms, c.seq, c.n, c.data)
+                    .where(*old, c.end_ms >= cutoff_ms)
+                    .limit(_CUT_BATCH)
+                ).all()
+                if rows:
+                    conn.execute(
+                        delete(t.sample_chunks).where(key.in_([tuple(r[:3]) for r in rows]))
+                    )
+                for sid, start, seq, n, data in rows:
+                    # Chunk by chunk: merging them would change what each one stores.
+                    m = merge_rows([(sid, start, seq, n, data)], lo_ms=cutoff_ms, hi_ms=_I64_MAX)
+                    deleted += n - len(m)
+                    insert_chunks(conn, encode(m.ids, m.ts, m.values), seq)
+            if len(rows) < _CUT_BATCH:
+                break
+    return deleted
+
+
+# Straddling chunks rewritten per transaction (3 bound parameters each).
+_CUT_BATCH = 1000
+_I64_MIN = int(np.iinfo(np.int64).min)
+_I64_MAX = int(np.iinfo(np.int64).max)
+
+
 def delete_empty_series(engine: Engine, *, resolved_before_ms: int) -> int:
     """Delete series holding no data that no writer has resolved since ``resolved_before_ms``.
 
@@ -271,7 +468,7 @@ def delete_empty_series(engine: Engine, *, resolved_before_ms: int) -> int:
     s = t.series
     empty = [
         ~exists().where(table.c.series_id == s.c.id)
-        for table in (t.samples, t.rollups_5m, t.rollups_1h)
+        for table in (t.sample_chunks, t.rollups_5m, t.rollups_1h)
     ]
     with transaction(engine, write=True) as conn:
         result = conn.execute(delete(s).where(s.c.resolved_at < resolved_before_ms, *empty))
@@ -316,7 +513,7 @@ def apply_retention(
                 set_meta(conn, key, str(horizon))
     if raw_cutoff < now_ms - raw_ms:
         log.info("retention: raw samples kept until rolled up (5 m watermark %s)", raw_cutoff)
-    deleted = _delete_before(engine, t.samples, raw_cutoff, batch_rows=batch_rows, gate=gate)
+    deleted = _delete_chunks_before(engine, raw_cutoff, batch_rows=batch_rows, gate=gate)
     deleted += _delete_before(engine, t.rollups_5m, cutoff_5m, batch_rows=batch_rows, gate=gate)
     deleted += _delete_before(
         engine, t.rollups_1h, now_ms - rollup_1h_ms, batch_rows=batch_rows, gate=gate

@@ -3,18 +3,26 @@
 Label matching happens in Python after the candidate series are selected by name and target:
 labels are stored as canonical JSON text, JSON functions differ between SQLite and PostgreSQL,
 and a fleet has thousands of series, not millions.  Label values are never put into SQL text.
+
+Raw samples are stored as per-series chunks (``store.chunks``): a query reads every chunk of
+its series overlapping the window in one statement per batch of series, merges them (last
+write wins) and computes ranges, increases and buckets in numpy.  Rollup tables are still
+aggregated in SQL.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, Literal
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Literal, NamedTuple
 
-from sqlalchemy import BigInteger, Connection, Double, Table, case, cast, func, literal, select
+import numpy as np
+import numpy.typing as npt
+from sqlalchemy import BigInteger, Connection, Table, cast, func, select
 
 from schemas import tables as t
 from schemas.samples import label_value, make_labels
+from store.chunks import Merged, merge, run_bounds, window_start
 from store.values import SeriesData, SeriesKey
 
 Agg = Literal["avg", "min", "max", "sum", "count", "last"]
@@ -60,22 +68,57 @@ def find_series(
     return found
 
 
+def raw_samples(conn: Connection, ids: Sequence[int], *, lo_ms: int, hi_ms: int) -> Merged:
+    """Samples of the series ``ids`` in ``[lo_ms, hi_ms]``, merged from their chunks.
+
+    One statement, so that each series is read from one snapshot even while compaction
+    replaces its chunks.  Bounded below by the window of ``lo_ms``: no chunk crosses a window.
+    """
+    c = t.sample_chunks.c
+    query = select(c.series_id, c.start_ms, c.seq, c.n, c.data).where(
+        c.series_id.in_(ids),
+        c.start_ms >= window_start(lo_ms),
+        c.start_ms <= hi_ms,
+        c.end_ms >= lo_ms,
+    )
+    return merge_rows(conn.execute(query).all(), lo_ms=lo_ms, hi_ms=hi_ms)
+
+
+def merge_rows(rows: Sequence[Any], *, lo_ms: int, hi_ms: int) -> Merged:
+    """:func:`store.chunks.merge` over rows of ``(series_id, start_ms, seq, n, data)``."""
+    if not rows:
+        return Merged(np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.float64))
+    sids, starts, seqs, ns, blobs = zip(*rows, strict=True)
+    return merge(
+        np.array(sids, np.int64),
+        np.array(seqs, np.int64),
+        np.array(starts, np.int64),
+        np.array(ns, np.int64),
+        list(blobs),
+        lo_ms=lo_ms,
+        hi_ms=hi_ms,
+    )
+
+
+def count_samples(conn: Connection) -> int:
+    """Samples stored.  A sample stored twice (overlapping chunks not compacted yet: a
+    re-sent scrape, a retried flush) counts twice."""
+    total = conn.execute(select(func.sum(t.sample_chunks.c.n))).scalar_one_or_none()
+    return int(total or 0)
+
+
 def raw_range(conn: Connection, series: Candidates, *, lo_ms: int, hi_ms: int) -> list[SeriesData]:
     """Raw samples with ``lo_ms <= ts <= hi_ms``; series without any are left out."""
-    points: dict[int, tuple[list[float], list[float]]] = {}
-    s = t.samples.c
+    points: dict[int, tuple[tuple[float, ...], tuple[float, ...]]] = {}
     for chunk in _chunks([sid for sid, _ in series]):
-        query = (
-            select(s.series_id, s.ts, s.value)
-            .where(s.series_id.in_(chunk), s.ts >= lo_ms, s.ts <= hi_ms)
-            .order_by(s.series_id, s.ts)
-        )
-        for sid, ts, value in conn.execute(query):
-            tss, values = points.setdefault(sid, ([], []))
-            tss.append(ts / 1000)
-            values.append(value)
+        m = raw_samples(conn, chunk, lo_ms=lo_ms, hi_ms=hi_ms)
+        starts, ends = m.groups()
+        seconds = (m.ts / 1000).tolist()
+        values = m.values.tolist()
+        for sid, a, b in zip(m.ids[starts].tolist(), starts.tolist(), ends.tolist(), strict=True):
+            points[sid] = (tuple(seconds[a:b]), tuple(values[a:b]))
     return [
-        SeriesData(key.target, key.name, key.labels, tuple(points[sid][0]), tuple(points[sid][1]))
+        SeriesData(key.target, key.name, key.labels, *points[sid])
         for sid, key in series
         if sid in points
     ]
@@ -91,37 +134,31 @@ def increase(
     new value itself is the increase since the reset (Prometheus does the same), never a
     negative delta.
     """
-    s = t.samples.c
     keys = dict(series)
     out = []
     for chunk in _chunks(list(keys)):
-        inner = (
-            select(
-                s.series_id,
-                s.ts,
-                s.value,
-                func.lag(s.value).over(partition_by=s.series_id, order_by=s.ts).label("prev"),
-            )
-            .where(s.series_id.in_(chunk), s.ts >= lo_ms, s.ts <= hi_ms)
-            .subquery()
-        )
-        delta = case(
-            (inner.c.prev.is_(None), literal(0.0, Double)),
-            (inner.c.value >= inner.c.prev, inner.c.value - inner.c.prev),
-            else_=inner.c.value,
-        )
-        query = (
-            select(
-                inner.c.series_id,
-                func.sum(delta),
-                func.min(inner.c.ts),
-                func.max(inner.c.ts),
-            )
-            .group_by(inner.c.series_id)
-            .having(func.count() >= 2)
-        )
-        for sid, inc, first, last in conn.execute(query):
-            out.append((keys[sid], float(inc), int(first), int(last)))
+        m = raw_samples(conn, chunk, lo_ms=lo_ms, hi_ms=hi_ms)
+        if len(m) < 2:
+            continue
+        v = m.values
+        # Each sample's contribution: 0 for a series' first, else its delta (or, below its
+        # predecessor, its value).
+        starts, ends = m.groups()
+        step = np.zeros(len(v))
+        # inf - inf is NaN, as in SQL; numpy would also warn about it.
+        with np.errstate(invalid="ignore", over="ignore"):
+            step[1:] = np.where(v[1:] >= v[:-1], v[1:] - v[:-1], v[1:])
+            step[starts] = 0.0
+            sums = np.add.reduceat(step, starts)
+        two = ends - starts >= 2
+        for sid, inc, first, last in zip(
+            m.ids[starts][two].tolist(),
+            sums[two].tolist(),
+            m.ts[starts][two].tolist(),
+            m.ts[ends - 1][two].tolist(),
+            strict=True,
+        ):
+            out.append((keys[sid], inc, first, last))
     out.sort(key=lambda item: item[0])
     return out
 
@@ -158,6 +195,56 @@ def _total(count: Any) -> Any:
     return cast(func.sum(count), BigInteger)
 
 
+class Aggregates(NamedTuple):
+    """Per ``(series, bucket)`` of raw samples: the columns of a rollup row, and more."""
+
+    ids: npt.NDArray[np.int64]
+    buckets: npt.NDArray[np.int64]  # bucket start (ms)
+    min: npt.NDArray[np.float64]
+    max: npt.NDArray[np.float64]
+    sum: npt.NDArray[np.float64]
+    n: npt.NDArray[np.int64]  # samples (``count`` is taken by tuple)
+    last_ts: npt.NDArray[np.int64]
+    last: npt.NDArray[np.float64]
+
+
+def aggregate(m: Merged, step_ms: int) -> Aggregates:
+    """Aggregate merged raw samples into epoch-aligned ``step_ms`` buckets."""
+    b = m.ts // step_ms * step_ms
+    starts, ends = run_bounds(m.ids, b)
+    v = m.values
+    if not len(starts):
+        f, i = np.empty(0, np.float64), np.empty(0, np.int64)
+        return Aggregates(i, i, f, f, f, i, i, f)
+    # +inf and -inf in one bucket sum to NaN, as in SQL; numpy would also warn about it.
+    with np.errstate(invalid="ignore", over="ignore"):
+        total = np.add.reduceat(v, starts)
+    return Aggregates(
+        ids=m.ids[starts],
+        buckets=b[starts],
+        min=np.minimum.reduceat(v, starts),
+        max=np.maximum.reduceat(v, starts),
+        sum=total,
+        n=ends - starts,
+        last_ts=m.ts[ends - 1],
+        last=v[ends - 1],
+    )
+
+
+def _raw_partials(
+    conn: Connection, ids: list[int], *, lo_ms: int, hi_ms: int, step_ms: int, agg: str
+) -> Iterator[tuple[int, int, Partial]]:
+    a = aggregate(raw_samples(conn, ids, lo_ms=lo_ms, hi_ms=hi_ms), step_ms)
+    parts: Iterable[Partial]
+    if agg == "avg":
+        parts = zip(a.sum.tolist(), a.n.tolist(), strict=True)
+    elif agg == "last":
+        parts = zip(a.last_ts.tolist(), a.last.tolist(), strict=True)
+    else:
+        parts = ((x,) for x in getattr(a, "n" if agg == "count" else agg).tolist())
+    yield from zip(a.ids.tolist(), a.buckets.tolist(), parts, strict=True)
+
+
 def _partials(
     conn: Connection,
     table: Table,
@@ -168,14 +255,16 @@ def _partials(
     step_ms: int,
     agg: str,
 ) -> Iterator[tuple[int, int, Partial]]:
+    if table is t.sample_chunks:
+        yield from _raw_partials(conn, ids, lo_ms=lo_ms, hi_ms=hi_ms, step_ms=step_ms, agg=agg)
+        return
     c = table.c
-    raw = table is t.samples
     bucket = (c.ts // step_ms) * step_ms
     cols: list[Any] = [c.series_id, c.ts, bucket.label("b")]
-    cols += [c.value] if raw else [c["min"], c["max"], c["sum"], c["count"]]
+    cols += [c["min"], c["max"], c["sum"], c["count"]]
     if agg == "last":
         # The value of the newest row in each bucket, computed once per partition.
-        newest = func.first_value(c.value if raw else c["last"]).over(
+        newest = func.first_value(c["last"]).over(
             partition_by=(c.series_id, c.ts // step_ms), order_by=c.ts.desc()
         )
         cols.append(newest.label("newest"))
@@ -183,17 +272,15 @@ def _partials(
     i = inner.c
     aggs: list[Any]
     if agg == "avg":
-        aggs = (
-            [func.sum(i.value), func.count()] if raw else [func.sum(i["sum"]), _total(i["count"])]
-        )
+        aggs = [func.sum(i["sum"]), _total(i["count"])]
     elif agg == "sum":
-        aggs = [func.sum(i.value if raw else i["sum"])]
+        aggs = [func.sum(i["sum"])]
     elif agg == "count":
-        aggs = [func.count() if raw else _total(i["count"])]
+        aggs = [_total(i["count"])]
     elif agg == "min":
-        aggs = [func.min(i.value if raw else i["min"])]
+        aggs = [func.min(i["min"])]
     elif agg == "max":
-        aggs = [func.max(i.value if raw else i["max"])]
+        aggs = [func.max(i["max"])]
     else:  # last
         aggs = [func.max(i.ts), func.max(i.newest)]
     query = select(i.series_id, i.b, *aggs).group_by(i.series_id, i.b)
@@ -224,7 +311,7 @@ def plan_sources(
             plan.append((table, start, end - 1))
             cursor = max(cursor, end)
     if cursor <= hi_ms:
-        plan.append((t.samples, cursor, hi_ms))
+        plan.append((t.sample_chunks, cursor, hi_ms))
     return plan
 
 

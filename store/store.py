@@ -40,8 +40,8 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from schemas import tables as t
 from schemas.probes import ProbeResult
-from schemas.samples import Sample, TargetHealth
-from store import maintenance, query
+from schemas.samples import Labels, Sample, TargetHealth
+from store import maintenance, migrate, query
 from store.engine import build_engine, parse_url, redact, transaction
 from store.errors import QueryError, StoreError
 from store.values import SeriesData, SeriesKey
@@ -63,8 +63,9 @@ _DB_ERRORS = (SQLAlchemyError, psycopg.Error, sqlite3.Error)
 # Arbitrary constant key for pg_advisory_xact_lock around schema creation.
 _PG_LOCK_SCHEMA = 0x7477_0000
 
-# One buffered scrape: (target, ts_ms, samples, their values, how many of them are NaN).
-_Chunk = tuple[str, int, list[Sample], np.ndarray[Any, np.dtype[np.float64]], int]
+# One buffered scrape, column-wise: (target, ts_ms, sample names, label tuples, values, how
+# many values are NaN).
+_Chunk = tuple[str, int, list[str], list[Labels], np.ndarray[Any, np.dtype[np.float64]], int]
 
 _NAME = itemgetter(0)
 _LABELS = itemgetter(1)
@@ -139,20 +140,37 @@ class Store:
     # --- lifecycle ---------------------------------------------------------------------------
 
     def create_schema(self) -> None:
-        """Create missing tables (idempotent, safe from several processes at once)."""
-        with self._db("create schema"), transaction(self._engine, write=True) as conn:
-            # Two processes starting at once would race to CREATE the same tables.
-            maintenance.advisory_lock(conn, _PG_LOCK_SCHEMA)
-            t.metadata.create_all(conn)
-            stored = maintenance.get_meta(conn, "schema_version")
-            if stored is None:
-                maintenance.set_meta(conn, "schema_version", str(t.SCHEMA_VERSION))
-            elif int(stored) > t.SCHEMA_VERSION:
-                raise StoreError(
-                    f"{self.url_redacted}: schema version {stored} is newer than this "
-                    f"tritonwatch understands ({t.SCHEMA_VERSION}); upgrade tritonwatch",
-                    url=self.url_redacted,
+        """Create missing tables (idempotent, safe from several processes at once).
+
+        A database of an older schema is upgraded in place: raw samples of version 1 (a
+        ``samples`` row per sample) are moved into chunks in bounded transactions, which
+        resume where they stopped if interrupted (``store.migrate``).
+        """
+        with self._db("create schema"):
+            with transaction(self._engine, write=True) as conn:
+                # Two processes starting at once would race to CREATE the same tables.
+                maintenance.advisory_lock(conn, _PG_LOCK_SCHEMA)
+                t.metadata.create_all(conn)
+                stored = maintenance.get_meta(conn, "schema_version")
+                if stored is None:
+                    maintenance.set_meta(conn, "schema_version", str(t.SCHEMA_VERSION))
+                elif int(stored) > t.SCHEMA_VERSION:
+                    raise StoreError(
+                        f"{self.url_redacted}: schema version {stored} is newer than this "
+                        f"tritonwatch understands ({t.SCHEMA_VERSION}); upgrade tritonwatch",
+                        url=self.url_redacted,
+                    )
+            if stored is not None and int(stored) < t.SCHEMA_VERSION:
+                log.info(
+                    "store: upgrading %s from schema version %s to %d",
+                    self.url_redacted, stored, t.SCHEMA_VERSION,
                 )
+            if migrate.has_legacy_samples(self._engine):
+                migrate.samples_to_chunks(self._engine, lock_key=_PG_LOCK_SCHEMA)
+            if stored is not None and int(stored) < t.SCHEMA_VERSION:
+                with transaction(self._engine, write=True) as conn:
+                    maintenance.advisory_lock(conn, _PG_LOCK_SCHEMA)
+                    maintenance.set_meta(conn, "schema_version", str(t.SCHEMA_VERSION))
 
     def close(self) -> None:
         """Flush what is buffered, then release the connections.
@@ -175,21 +193,42 @@ class Store:
         Never touches the database unless the buffer is full, and even then a failing
         automatic flush is logged, not raised: the samples stay buffered for the next flush.
         """
+        items = list(samples)
+        values = np.fromiter(map(_VALUE, items), np.float64, len(items))
+        return self.write_columns(
+            target, ts, list(map(_NAME, items)), list(map(_LABELS, items)), values
+        )
+
+    def write_columns(
+        self,
+        target: str,
+        ts: float,
+        names: list[str],
+        labels: list[Labels],
+        values: np.ndarray[Any, np.dtype[np.float64]],
+    ) -> int:
+        """:meth:`write` for a scrape given as columns: ``names[i]{labels[i]} = values[i]``.
+
+        The lists are kept as given until the flush (callers pass lists they never mutate);
+        passing the same list objects scrape after scrape lets the flush recognise an unchanged
+        series list without comparing it.
+        """
         if self._closed:
             raise StoreError(f"{self.url_redacted}: store is closed", url=self.url_redacted)
-        items = list(samples)
-        n = len(items)
+        n = len(values)
+        if not (len(names) == len(labels) == n):
+            raise ValueError(
+                f"write_columns: {len(names)} names, {len(labels)} label sets, {n} values"
+            )
         if not n:
             return 0
-        # Column-wise from here on: one float array per scrape, no per-sample objects.
-        values = np.fromiter(map(_VALUE, items), np.float64, n)
         nan = int(np.count_nonzero(np.isnan(values)))
         if nan:
             log.debug("store: skipped %d NaN samples of %s", nan, target)
             if nan == n:
                 return 0
         with self._lock:
-            self._buffer.append((target, round(ts * 1000), items, values, nan))
+            self._buffer.append((target, round(ts * 1000), names, labels, values, nan))
             self._rows += n - nan
             self._trim_locked()
             due = self._rows >= self._batch_rows
@@ -244,9 +283,9 @@ class Store:
     def _trim_locked(self) -> None:
         dropped = 0
         while self._rows > self._max_rows and len(self._buffer) > 1:
-            _, _, samples, _, nan = self._buffer.popleft()
-            self._rows -= len(samples) - nan
-            dropped += len(samples) - nan
+            _, _, _, _, values, nan = self._buffer.popleft()
+            self._rows -= len(values) - nan
+            dropped += len(values) - nan
         if dropped:
             log.warning(
                 "store: buffer over %d samples while %s is unavailable; dropped the oldest %d",
@@ -267,9 +306,7 @@ class Store:
         stale: dict[int, Layout] = {}  # layouts to resolve again once new series exist
         missing: set[SeriesKeyTuple] = set()
         work: list[tuple[Layout, int, np.ndarray[Any, np.dtype[np.float64]], int]] = []
-        for target, ts_ms, samples, values, nan in chunks:
-            names = list(map(_NAME, samples))
-            labels = list(map(_LABELS, samples))
+        for target, ts_ms, names, labels, values, nan in chunks:
             prev = current.get(target) or layouts.get(target)
             lay = prev if prev is not None and prev.same(names, labels) else Layout(
                 target, names, labels, cache, prev
@@ -615,11 +652,28 @@ class Store:
     # --- maintenance -------------------------------------------------------------------------
 
     def rollup(self, now: float) -> int:
-        """Build 5 m and 1 h rollups of buckets completed since the last run; returns rows."""
+        """Build 5 m and 1 h rollups of buckets completed since the last run; returns rows.
+
+        Then compacts the raw chunks of hours that ended ``maintenance.COMPACT_AFTER_MS``
+        before ``now`` (not counted in the result).
+        """
+        now_ms = round(now * 1000)
         with self._db("rollup"):
-            return maintenance.rollup(
-                self._engine, now_ms=round(now * 1000), gate=self._flush_lock
-            )
+            written = maintenance.rollup(self._engine, now_ms=now_ms, gate=self._flush_lock)
+        with self._db("compact"):
+            removed = maintenance.compact(self._engine, now_ms=now_ms, gate=self._flush_lock)
+        if removed:
+            log.debug("store: compaction removed %d chunks", removed)
+        return written
+
+    def count_samples(self) -> int:
+        """Raw samples stored (all series, all time).
+
+        A sample stored twice and not compacted yet (a re-sent scrape, a retried flush whose
+        commit had succeeded) counts twice; queries return it once.
+        """
+        with self._db("count samples"), transaction(self._engine, write=False) as conn:
+            return query.count_samples(conn)
 
     def apply_retention(
         self, now: float, *, raw_s: float, rollup_5m_s: float, rollup_1h_s: float

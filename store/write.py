@@ -1,4 +1,4 @@
-"""Statements of the write path: resolving series ids, and inserting a batch of samples.
+"""Statements of the write path: resolving series ids, and storing a batch of samples as chunks.
 
 Functions here take a connection already inside a transaction; ``store.store.Store`` owns the
 buffer, the series cache and the retry policy.
@@ -6,21 +6,25 @@ buffer, the series cache and the retry policy.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+import struct
+from collections.abc import Iterable, Iterator, Mapping
 from itertools import repeat
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import psycopg
-from sqlalchemy import BigInteger, Column, Connection, Double, MetaData, Table, select
+from sqlalchemy import Connection, Table
 from sqlalchemy.dialects import postgresql, sqlite
 
 from schemas import tables as t
 from schemas.samples import Labels, labels_json
+from store.chunks import Encoded, encode
 
 SeriesKeyTuple = tuple[str, str, Labels]  # (target, name, labels): the series cache key
-Row = tuple[int, int, float]  # (series_id, ts_ms, value)
+
+#: Arbitrary constant key for pg_advisory_xact_lock: serialises rollups, compaction and
+#: retention of concurrent processes; flushes take it in shared mode.
+PG_LOCK_ROLLUP = 0x7477_0001
 
 
 def dialect_insert(conn: Connection, table: Table) -> Any:
@@ -61,70 +65,6 @@ def resolve_series(
     # Keyed by the caller's label tuples: two tuples with the same canonical JSON (say, one
     # not sorted) share one row.
     return {key: by_text[(key[0], key[1], text)] for key, text in zip(ordered, texts, strict=True)}
-
-
-def insert_samples(conn: Connection, rows: Sequence[Row]) -> None:
-    """Insert ``rows`` (sorted by key, no duplicate keys), replacing values already stored.
-
-    Replacing rather than ignoring makes a retried flush idempotent.
-    """
-    if not rows:
-        return
-    if conn.dialect.name == "postgresql":
-        _copy_samples(conn, rows)
-    else:
-        conn.exec_driver_sql(
-            "INSERT INTO samples (series_id, ts, value) VALUES (?, ?, ?) "
-            "ON CONFLICT (series_id, ts) DO UPDATE SET value = excluded.value",
-            list(rows),
-        )
-
-
-_STAGE = "tw_samples_in"
-# Described here only to build the upsert from it; it is created by raw DDL below, per session.
-_stage = Table(
-    _STAGE,
-    MetaData(),
-    Column("series_id", BigInteger),
-    Column("ts", BigInteger),
-    Column("value", Double),
-)
-
-
-def _copy_samples(conn: Connection, rows: Sequence[Row]) -> None:
-    # COPY is several times cheaper than executemany, but cannot say ON CONFLICT; so COPY into
-    # a session-local staging table and upsert from there in one statement.
-    n = len(rows)
-    ids = np.fromiter((r[0] for r in rows), np.int64, n)
-    ts = np.fromiter((r[1] for r in rows), np.int64, n)
-    values = np.fromiter((r[2] for r in rows), np.float64, n)
-    _upsert_via_stage(conn, _copy_binary(ids, ts, values))
-
-
-def _ensure_stage(conn: Connection) -> None:
-    # The staging table lives as long as the pooled connection and empties itself at every
-    # commit.
-    if not conn.info.get(_STAGE):
-        conn.exec_driver_sql(
-            f"CREATE TEMPORARY TABLE IF NOT EXISTS {_STAGE} "
-            "(series_id BIGINT NOT NULL, ts BIGINT NOT NULL, value DOUBLE PRECISION NOT NULL) "
-            "ON COMMIT DELETE ROWS"
-        )
-        conn.info[_STAGE] = True
-
-
-def _upsert_from_stage(conn: Connection) -> None:
-    # ORDER BY: rows are locked in key order, so two writers upserting overlapping keys wait
-    # for each other instead of deadlocking.
-    source = select(_stage.c.series_id, _stage.c.ts, _stage.c.value).order_by(
-        _stage.c.series_id, _stage.c.ts
-    )
-    stmt = postgresql.insert(t.samples).from_select(["series_id", "ts", "value"], source)
-    stmt = stmt.on_conflict_do_update(
-        index_elements=[t.samples.c.series_id, t.samples.c.ts],
-        set_={"value": stmt.excluded.value},
-    )
-    conn.execute(stmt)
 
 
 class Layout:
@@ -196,69 +136,82 @@ def insert_columns(
     ts: npt.NDArray[np.int64],
     values: npt.NDArray[np.float64],
 ) -> None:
-    """Insert samples given as three columns: no duplicate ``(id, ts)`` keys, no NaN.
+    """Store samples given as three columns sorted by ``(id, ts)``: no duplicate keys, no NaN.
 
-    Existing values are replaced (a retried flush is idempotent).  SQLite: one
-    ``executemany`` fed by an iterator over the columns, so no row list is built.  PostgreSQL:
-    the binary COPY stream is built by numpy in one piece and COPYed straight into ``samples``
-    inside a savepoint; only when that hits an existing key (a re-sent scrape, a retried
-    flush) does it fall back to the staging-table upsert.
+    One ``sample_chunks`` row per series (two if its samples straddle a full hour, see
+    ``store.chunks``), all carrying a new write sequence number: the rows never collide with
+    stored ones, and where they overlap stored samples, readers take these (the last write).
+    A retried flush whose first commit did succeed after all only stores the same samples
+    twice; compaction folds them together.
     """
     if not len(ids):
         return
-    if conn.dialect.name != "postgresql":
-        raw = conn.connection.driver_connection
-        assert raw is not None
-        rows = zip(ids.tolist(), ts.tolist(), values.tolist(), strict=True)
-        raw.executemany(_SQLITE_UPSERT, rows)
+    insert_chunks(conn, encode(ids, ts, values), next_seq(conn))
+
+
+def next_seq(conn: Connection) -> int:
+    """A write sequence number greater than every one taken before (see ``store.chunks``).
+
+    On PostgreSQL the flush first takes the rollup lock in shared mode: compaction, which
+    holds it exclusively, then never runs while a flush holds a number it has not committed
+    yet (see ``maintenance.compact``).  On SQLite write transactions are serialised already.
+    """
+    if conn.dialect.name == "postgresql":
+        value = conn.exec_driver_sql(
+            "SELECT nextval('sample_chunks_seq') "
+            f"FROM (SELECT pg_advisory_xact_lock_shared({PG_LOCK_ROLLUP:d})) AS rollup_lock"
+        ).scalar_one()
+    else:
+        value = conn.exec_driver_sql(
+            "INSERT INTO meta (key, value) VALUES ('chunk_seq', '1') ON CONFLICT (key) "
+            "DO UPDATE SET value = CAST(CAST(value AS INTEGER) + 1 AS TEXT) RETURNING value"
+        ).scalar_one()
+    return int(value)
+
+
+def insert_chunks(conn: Connection, chunks: Encoded, seq: int | npt.NDArray[np.int64]) -> None:
+    """Insert ``chunks`` with write sequence ``seq`` (one for all, or one per chunk).
+
+    Plain inserts: the caller guarantees the keys are new.  SQLite: one ``executemany``.
+    PostgreSQL: one binary COPY, its stream built here (62 bytes of row header per chunk,
+    then the chunk's data as it is).
+    """
+    if not len(chunks):
         return
-    data = _copy_binary(ids, ts, values)
-    try:
-        with conn.begin_nested():
-            _copy(conn, "samples", data)
-    except psycopg.errors.UniqueViolation:
-        _upsert_via_stage(conn, data)
-
-
-_SQLITE_UPSERT = (
-    "INSERT INTO samples (series_id, ts, value) VALUES (?, ?, ?) "
-    "ON CONFLICT (series_id, ts) DO UPDATE SET value = excluded.value"
-)
-
-# PostgreSQL binary COPY: a header, then per row a field count and (length, big-endian value)
-# per field, then a trailer.  A packed numpy record is exactly one row.
-_PG_HEADER = b"PGCOPY\n\xff\r\n\x00" + b"\x00\x00\x00\x00" + b"\x00\x00\x00\x00"
-_PG_TRAILER = b"\xff\xff"
-_PG_ROW = np.dtype(
-    [("n", ">i2"), ("l1", ">i4"), ("id", ">i8"), ("l2", ">i4"), ("ts", ">i8"), ("l3", ">i4"),
-     ("v", ">f8")]
-)
-
-
-def _copy_binary(
-    ids: npt.NDArray[np.int64], ts: npt.NDArray[np.int64], values: npt.NDArray[np.float64]
-) -> bytes:
-    rows = np.empty(len(ids), _PG_ROW)
-    rows["n"] = 3
-    rows["l1"] = 8
-    rows["l2"] = 8
-    rows["l3"] = 8
-    rows["id"] = ids
-    rows["ts"] = ts
-    rows["v"] = values
-    return _PG_HEADER + rows.tobytes() + _PG_TRAILER
-
-
-def _copy(conn: Connection, table: str, data: bytes) -> None:
+    seqs = (
+        repeat(seq) if isinstance(seq, int) else np.asarray(seq, np.int64).tolist()
+    )
+    ids, starts = chunks.ids.tolist(), chunks.start_ms.tolist()
+    ends, ns = chunks.end_ms.tolist(), chunks.n.tolist()
     raw = conn.connection.driver_connection
     assert raw is not None
+    if conn.dialect.name != "postgresql":
+        raw.executemany(
+            "INSERT INTO sample_chunks (series_id, start_ms, seq, end_ms, n, data) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            zip(ids, starts, seqs, ends, ns, chunks.blobs(), strict=False),
+        )
+        return
+    pack = _PG_ROW_HEADER.pack
+    data = memoryview(chunks.buf)
+    parts: list[bytes | memoryview] = [_PG_HEADER]
+    for sid, start, sq, end, n, at in zip(
+        ids, starts, seqs, ends, ns, chunks.offsets.tolist(), strict=False
+    ):
+        size = 16 * n
+        parts.append(pack(6, 8, sid, 8, start, 8, sq, 8, end, 4, n, size))
+        parts.append(data[at : at + size])
+    parts.append(_PG_TRAILER)
     with raw.cursor() as cur, cur.copy(
-        f"COPY {table} (series_id, ts, value) FROM STDIN (FORMAT BINARY)"
+        "COPY sample_chunks (series_id, start_ms, seq, end_ms, n, data) FROM STDIN "
+        "(FORMAT BINARY)"
     ) as cp:
-        cp.write(data)
+        cp.write(b"".join(parts))
 
 
-def _upsert_via_stage(conn: Connection, data: bytes) -> None:
-    _ensure_stage(conn)
-    _copy(conn, _STAGE, data)
-    _upsert_from_stage(conn)
+# PostgreSQL binary COPY: a header, then per row a field count and (length, big-endian value)
+# per field (a bytea's value is its bytes as they are), then a trailer.
+_PG_HEADER = b"PGCOPY\n\xff\r\n\x00" + b"\x00\x00\x00\x00" + b"\x00\x00\x00\x00"
+_PG_TRAILER = b"\xff\xff"
+# Field count; series_id, start_ms, seq, end_ms (int8); n (int4); the length of data.
+_PG_ROW_HEADER = struct.Struct(">h" + "iq" * 4 + "ii" + "i")

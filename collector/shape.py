@@ -1,0 +1,239 @@
+"""The steady-state parse: a target's payload structure, kept between scrapes, and its values.
+
+A Triton server lists the same series, in the same order, under the same HELP and TYPE lines,
+scrape after scrape; only the numbers change.  :func:`parse_columns` therefore parses a target's
+first payload (and any payload whose structure changed) with :func:`collector.parse.parse`,
+keeps the result as a :class:`Shape` (sample names, label tuples, family boundaries: everything
+but the values), and reads later payloads as *one float array* against that shape, without
+building a single per-sample object.  Measured on a 2,879-series Triton payload: 0.8 ms per
+scrape instead of 1.9 ms for the line-by-line fast path, and no ``Sample`` tuples to keep.
+
+Why the shortcut returns exactly what ``parse`` would (the differential tests hold it so):
+
+* A payload is split at ``" <token>"`` at the end of each line (``_SPLIT``).  On a payload the
+  line-by-line fast path accepted, every sample line yields exactly one token, its value (the
+  text after the line's last space, which is what the fast path reads); HELP and TYPE lines
+  yield their last word.  A shape records which tokens are values.
+* A later payload takes the shortcut only if its split has as many pieces, the text between
+  tokens (the skeleton) is the same, piece for piece (lengths compared exactly, contents by
+  hash), and the comment tokens are the same.  Then every line, head and comment is the same as
+  in the shape's payload, so the fast path would take the same decisions on it, except those
+  that depend on a value: the value tokens are converted exactly as it converts them
+  (``float()``, refusing ``1_000``, the reference's ``-0``), and anything unusual (a token that
+  ``float()`` refuses, one over 64 characters) sends the payload to the full parser instead.
+* The skeleton's contents are compared by Python's string hash (SipHash, keyed per process, so
+  a target cannot steer a collision), which keeps a shape small: the skeleton itself is not
+  stored.  Lengths are compared exactly.
+
+Payloads the fast path declines (escapes, timestamps, exotic types...) get a shape without a
+matcher: each scrape is parsed in full, as before.
+"""
+
+from __future__ import annotations
+
+import operator
+import re
+from collections.abc import Container
+from itertools import compress
+from typing import NamedTuple
+
+import numpy as np
+import numpy.typing as npt
+
+from collector.parse import (
+    MAX_LINE_CHARS,
+    _decode,
+    _reference_value,
+    parse_fast,
+    parse_reference,
+    restore_exposed_names,
+)
+from schemas.samples import Labels, MetricFamily, Sample, Snapshot
+
+__all__ = ["Shape", "parse_columns"]
+
+Values = npt.NDArray[np.float64]
+
+# The last token of every line that has a space followed by a last word.
+_SPLIT = re.compile(r" ([^ \n]+)$", re.M)
+# The first character of those lines, when it is "#".
+_MARKS = re.compile(r"^(#?)[^\n]* [^ \n]+$", re.M)
+# Longest value token the shortcut converts; longer ones (never seen from an exporter) go to
+# the full parser and its limits.
+_MAX_TOKEN = 64
+
+_new_tuple = tuple.__new__
+_FLIP = bytes.maketrans(b"\x00\x01", b"\x01\x00")
+
+
+class _Span(NamedTuple):
+    name: str
+    type: str
+    help: str
+    start: int
+    stop: int
+
+
+class _Matcher:
+    """Recognises a payload with the same structure as the one a shape was built from."""
+
+    __slots__ = ("comment_mask", "comment_tokens", "lengths", "n_parts", "skeleton_hash",
+                 "value_mask")
+
+    def __init__(self, parts: list[str], value_mask: bytes) -> None:
+        fixed = parts[0::2]
+        self.n_parts = len(parts)
+        self.skeleton_hash = hash("".join(fixed))
+        self.lengths = np.fromiter(map(len, fixed), np.int32, len(fixed))
+        self.value_mask = value_mask
+        self.comment_mask = value_mask.translate(_FLIP)
+        self.comment_tokens = tuple(compress(parts[1::2], self.comment_mask))
+
+    def values(self, text: str) -> Values | None:
+        """The sample values of ``text``, or None when its structure differs (or is unusual)."""
+        parts = _SPLIT.split(text)
+        if len(parts) != self.n_parts:
+            return None
+        fixed = parts[0::2]
+        if hash("".join(fixed)) != self.skeleton_hash:
+            return None
+        if not np.array_equal(np.fromiter(map(len, fixed), np.int32, len(fixed)), self.lengths):
+            return None
+        tokens = parts[1::2]
+        if tuple(compress(tokens, self.comment_mask)) != self.comment_tokens:
+            return None
+        return _convert(list(compress(tokens, self.value_mask)))
+
+
+def _convert(tokens: list[str]) -> Values | None:
+    """``tokens`` as the fast path reads values, or None where it would decline them."""
+    if not tokens:
+        return np.empty(0, np.float64)
+    if max(map(len, tokens)) > _MAX_TOKEN:
+        return None
+    joined = "".join(tokens)
+    if "_" in joined:  # float() accepts "1_000"; the reference does not
+        return None
+    try:
+        values = np.array(list(map(float, tokens)), np.float64)
+    except ValueError:
+        return None
+    if "-" in joined:
+        # The reference tries int() first, so "-0" is 0.0 there but -0.0 for float().
+        for i in np.flatnonzero(values == 0).tolist():
+            if "-" in tokens[i]:
+                values[i] = _reference_value(tokens[i])
+    return values
+
+
+class Shape:
+    """Everything of one parsed payload except its sample values.
+
+    ``names`` and ``labels`` are lists, one entry per sample in exposition order; they are the
+    same list objects for every scrape read against this shape (the store recognises an
+    unchanged series list by identity).  Immutable by convention: nothing mutates them.
+    """
+
+    __slots__ = ("_matcher", "labels", "names", "spans")
+
+    def __init__(self, families: list[MetricFamily], matcher: _Matcher | None = None) -> None:
+        names: list[str] = []
+        labels: list[Labels] = []
+        spans = []
+        for f in families:
+            start = len(names)
+            for s in f.samples:
+                names.append(s.name)
+                labels.append(s.labels)
+            spans.append(_Span(f.name, f.type, f.help, start, len(names)))
+        self.names = names
+        self.labels = labels
+        self.spans = tuple(spans)
+        self._matcher = matcher
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    @property
+    def steady(self) -> bool:
+        """Whether later payloads of the same structure skip the full parse."""
+        return self._matcher is not None
+
+    def families(self, values: Values, keep: Container[str] | None = None) -> list[MetricFamily]:
+        """The families with ``values``; those not in ``keep`` (when given) without samples."""
+        new = _new_tuple
+        names, labels = self.names, self.labels
+        out = []
+        for span in self.spans:
+            name, typ, help_text, lo, hi = span
+            if keep is not None and name not in keep:
+                samples: tuple[Sample, ...] = ()
+            else:
+                samples = tuple(
+                    new(Sample, item)
+                    for item in zip(names[lo:hi], labels[lo:hi], values[lo:hi].tolist(),
+                                    strict=True)
+                )
+            out.append(MetricFamily(name, typ, help_text, samples))
+        return out
+
+    def samples(self, values: Values) -> list[Sample]:
+        new = _new_tuple
+        return [new(Sample, item)
+                for item in zip(self.names, self.labels, values.tolist(), strict=True)]
+
+    def snapshot(
+        self, target: str, ts: float, values: Values, keep: Container[str] | None = None
+    ) -> Snapshot:
+        return Snapshot(target, ts, tuple(self.families(values, keep)))
+
+
+def parse_columns(text: str | bytes, prev: Shape | None = None) -> tuple[Shape, Values]:
+    """Parse a payload into ``(shape, values)``; ``prev`` is the shape of the target's last one.
+
+    Returns ``prev`` itself when the payload has its structure, else a new shape.  Raises
+    ``ParseError`` exactly where :func:`collector.parse.parse` does.
+    """
+    text = _decode(text)
+    if prev is not None and prev._matcher is not None:
+        values = prev._matcher.values(text)
+        if values is not None:
+            return prev, values
+    families = parse_fast(text, exposed_names=True)
+    if families is None:
+        families = restore_exposed_names(parse_reference(text), text)  # as parse() does
+        return Shape(families), _values_of(families)
+    values = _values_of(families)
+    shape = Shape(families)
+    # A matcher costs about as much again as the parse, so it is built only once the structure
+    # has repeated: an exporter that reorders its series every scrape never pays for one.
+    if prev is not None and prev.names == shape.names and prev.labels == shape.labels:
+        shape._matcher = _matcher_for(text, values)
+    return shape, values
+
+
+def _values_of(families: list[MetricFamily]) -> Values:
+    return np.fromiter((s.value for f in families for s in f.samples), np.float64)
+
+
+def _matcher_for(text: str, values: Values) -> _Matcher | None:
+    """A matcher for ``text`` (which the fast path accepted), or None if it cannot be built."""
+    if len(text) > MAX_LINE_CHARS and max(map(len, text.split("\n"))) > MAX_LINE_CHARS - 256:
+        return None  # a longer value could push a line over the limit: leave that to parse
+    parts = _SPLIT.split(text)
+    # "#" for each token on a comment line, "" for each on a sample line: _MARKS matches
+    # exactly the lines _SPLIT takes a token from, in the same order.
+    marks = _MARKS.findall(text)
+    if len(marks) != len(parts) // 2:
+        return None
+    value_mask = bytes(map(operator.not_, marks))
+    if sum(value_mask) != len(values):
+        return None
+    # Belt and braces: the tokens must read back as the values the parser found.
+    tokens = list(compress(parts[1::2], value_mask))
+    again = _convert(tokens)
+    if again is None or not np.array_equal(again, values, equal_nan=True):
+        return None
+    if not np.array_equal(np.signbit(again), np.signbit(values)):
+        return None
+    return _Matcher(parts, value_mask)

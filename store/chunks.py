@@ -1,0 +1,187 @@
+"""Raw samples as per-series chunks: the encoding of ``sample_chunks.data`` and the merge rule.
+
+No SQL here: ``store.write`` stores chunks, ``store.query`` and ``store.maintenance`` read them
+back through :func:`merge`.
+
+Encoding.  A chunk holds ``n`` samples of one series.  ``data`` is ``16 * n`` bytes: the ``n``
+timestamps (ms since the epoch, little-endian int64, ascending) followed by the ``n`` values
+(little-endian IEEE float64), with no header and no compression.  numpy writes and reads it
+whole (``np.frombuffer``), so no Python object is ever built per sample.  The row beside it
+repeats ``n``, the first and last timestamp (``start_ms``, ``end_ms``) and ``seq``.
+
+Windows.  A chunk never crosses a boundary of the aligned :data:`WINDOW_MS` (1 h) grid: a
+flush writes one chunk per series, split in two only when its samples straddle a full hour.
+So every chunk holding samples at or after ``lo`` starts at or after ``lo``'s window, and the
+chunks overlapping ``[lo, hi]`` are a bounded primary-key range scan
+(``start_ms BETWEEN window(lo) AND hi AND end_ms >= lo``) with no index on ``end_ms``; and
+compaction can merge one window at a time, knowing no chunk outside it holds its samples.
+
+Last write wins.  Chunks of one series may overlap: late samples flushed after newer ones, a
+re-sent scrape, two writers, a retried flush whose commit had in fact succeeded.  Each flush
+takes a new ``seq`` (a PostgreSQL sequence, or a counter in ``meta`` on SQLite, where writes
+are serialised anyway) and every chunk it writes carries it, so ``(series_id, start_ms, seq)``
+is unique whatever the data.  A reader concatenates the chunks of a series in ``(seq,
+start_ms)`` order, stable-sorts by timestamp, and of samples with equal timestamps keeps the
+one from the highest ``seq``: exactly what a per-sample upsert (the previous ``samples``
+table) stored.  Compacted chunks keep the highest ``seq`` they merged (see
+``maintenance.compact`` for why that is safe).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+import numpy.typing as npt
+
+#: Chunks never cross a boundary of this aligned grid (ms).
+WINDOW_MS = 3_600_000
+
+#: Samples per chunk written by compaction and migration (64 KiB of data).
+MAX_SAMPLES = 4096
+
+I64 = npt.NDArray[np.int64]
+F64 = npt.NDArray[np.float64]
+
+_LE_I64 = np.dtype("<i8")
+_LE_F64 = np.dtype("<f8")
+_I64_MIN = int(np.iinfo(np.int64).min)
+_I64_MAX = int(np.iinfo(np.int64).max)
+
+
+class Encoded(NamedTuple):
+    """Chunks built from sorted columns: one entry per chunk, data in one buffer."""
+
+    ids: I64
+    start_ms: I64
+    end_ms: I64
+    n: I64
+    buf: bytes
+    #: Byte offset of each chunk's data in ``buf``; chunk ``i`` is ``16 * n[i]`` bytes.
+    offsets: I64
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def blobs(self) -> list[bytes]:
+        buf = self.buf
+        ends = self.offsets + 16 * self.n
+        return [buf[a:b] for a, b in zip(self.offsets.tolist(), ends.tolist(), strict=True)]
+
+
+class Merged(NamedTuple):
+    """Samples of several series, sorted by ``(id, ts)`` with no duplicate key."""
+
+    ids: I64
+    ts: I64
+    values: F64
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def groups(self) -> tuple[I64, I64]:
+        """``(starts, ends)``: index ranges of each series' samples."""
+        return run_bounds(self.ids)
+
+
+def run_bounds(*keys: npt.NDArray[np.int64]) -> tuple[I64, I64]:
+    """Start and end (exclusive) positions of the runs of equal ``keys`` in sorted columns."""
+    n = len(keys[0])
+    if not n:
+        empty = np.empty(0, np.int64)
+        return empty, empty
+    change = np.zeros(n, bool)
+    change[0] = True
+    for key in keys:
+        change[1:] |= key[1:] != key[:-1]
+    starts = np.flatnonzero(change).astype(np.int64)
+    ends = np.empty_like(starts)
+    ends[:-1] = starts[1:]
+    ends[-1] = n
+    return starts, ends
+
+
+def window_start(ms: int) -> int:
+    """Start of the :data:`WINDOW_MS` window holding ``ms``."""
+    return ms // WINDOW_MS * WINDOW_MS
+
+
+def encode(ids: I64, ts: I64, values: F64, *, max_samples: int | None = None) -> Encoded:
+    """Chunks for columns sorted by ``(id, ts)`` without duplicate keys.
+
+    One chunk per series and window, cut further every ``max_samples`` samples if given.
+    """
+    n = len(ids)
+    win = ts // WINDOW_MS
+    starts, ends = run_bounds(ids, win)
+    if max_samples is not None and len(starts) and int((ends - starts).max()) > max_samples:
+        pos = np.arange(n, dtype=np.int64) - np.repeat(starts, ends - starts)
+        cut = np.zeros(n, bool)
+        cut[starts] = True
+        cut |= pos % max_samples == 0
+        starts = np.flatnonzero(cut).astype(np.int64)
+        ends = np.empty_like(starts)
+        ends[:-1] = starts[1:]
+        if len(ends):
+            ends[-1] = n
+    counts = ends - starts
+    # Chunk i's data occupies words [2*s_i, 2*s_i + 2*n_i) of one buffer: its timestamps at
+    # s_i + k, its values n_i words further, for the samples k in [s_i, s_i + n_i).
+    out = np.empty(2 * n, _LE_I64)
+    at = np.repeat(starts, counts) + np.arange(n, dtype=np.int64)
+    out[at] = ts
+    out[at + np.repeat(counts, counts)] = np.ascontiguousarray(values, _LE_F64).view(_LE_I64)
+    return Encoded(
+        ids=ids[starts],
+        start_ms=ts[starts],
+        end_ms=ts[ends - 1],
+        n=counts,
+        buf=out.tobytes(),
+        offsets=16 * starts,
+    )
+
+
+def merge(
+    ids: I64,
+    seqs: I64,
+    starts: I64,
+    ns: I64,
+    blobs: list[bytes],
+    *,
+    lo_ms: int = _I64_MIN,
+    hi_ms: int = _I64_MAX,
+) -> Merged:
+    """Decode chunks (given as parallel columns, in any order) into their samples in
+    ``[lo_ms, hi_ms]``, keeping the last write of each ``(id, ts)`` (see the module docstring).
+
+    Raises ValueError if a chunk's data does not hold ``16 * n`` bytes.
+    """
+    if not len(ids):
+        return Merged(np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.float64))
+    order = np.lexsort((starts, seqs, ids))  # series, then write order
+    counts = ns[order]
+    total = int(counts.sum())
+    buf = b"".join([blobs[i] for i in order.tolist()])
+    if len(buf) != 16 * total:
+        raise ValueError(f"sample chunks hold {len(buf)} bytes of data, expected {16 * total}")
+    words = np.frombuffer(buf, _LE_I64)
+    first = np.cumsum(counts) - counts  # sample index of each chunk's first sample
+    at = np.repeat(first, counts) + np.arange(total, dtype=np.int64)
+    ts = words[at].astype(np.int64, copy=False)
+    values = words[at + np.repeat(counts, counts)].view(_LE_F64).astype(np.float64, copy=False)
+    sids = np.repeat(ids[order], counts)
+    keep = (ts >= lo_ms) & (ts <= hi_ms)
+    if not keep.all():
+        sids, ts, values = sids[keep], ts[keep], values[keep]
+    if len(ts) > 1:
+        same = sids[1:] == sids[:-1]
+        if not ((sids[1:] > sids[:-1]) | (same & (ts[1:] > ts[:-1]))).all():
+            # Overlapping chunks.  lexsort is stable: of equal (id, ts) keys the last in write
+            # order ends up last, and is the one kept.
+            resort = np.lexsort((ts, sids))
+            sids, ts, values = sids[resort], ts[resort], values[resort]
+            last = np.ones(len(ts), bool)
+            last[:-1] = (sids[1:] != sids[:-1]) | (ts[1:] != ts[:-1])
+            if not last.all():
+                sids, ts, values = sids[last], ts[last], values[last]
+    return Merged(sids, ts, values)

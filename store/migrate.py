@@ -1,0 +1,75 @@
+"""Schema migrations run by ``Store.create_schema``.
+
+Version 1 -> 2: raw samples moved from ``samples`` (one row per sample, keyed ``(series_id,
+ts)``) to ``sample_chunks`` (see ``store.chunks``).  The rows are moved in key order, a bounded
+batch per transaction: each transaction inserts the chunks of the oldest remaining rows and
+deletes those rows, so an interrupted migration resumes where it stopped and readers of the
+new schema never see a sample twice.  Migrated chunks take write sequence 0: older than
+anything written afterwards.  ``samples`` is dropped once empty.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+from sqlalchemy import Engine, inspect, text
+
+from store.chunks import MAX_SAMPLES, encode
+from store.engine import transaction
+from store.maintenance import advisory_lock
+from store.write import insert_chunks
+
+log = logging.getLogger(__name__)
+
+LEGACY_SAMPLES = "samples"
+
+#: Rows moved per transaction.
+BATCH_ROWS = 200_000
+
+
+def has_legacy_samples(engine: Engine) -> bool:
+    """Whether the version 1 ``samples`` table is still there."""
+    with transaction(engine, write=False) as conn:
+        return inspect(conn).has_table(LEGACY_SAMPLES)
+
+
+def samples_to_chunks(engine: Engine, *, lock_key: int, batch_rows: int | None = None) -> int:
+    """Move every row of ``samples`` into ``sample_chunks``, then drop it; returns rows moved.
+
+    Each transaction holds ``lock_key`` (PostgreSQL advisory lock; SQLite serialises writers),
+    so two processes upgrading at once take turns instead of moving the same rows twice.
+    """
+    batch_rows = batch_rows or BATCH_ROWS
+    moved = 0
+    while True:
+        with transaction(engine, write=True) as conn:
+            advisory_lock(conn, lock_key)
+            if not inspect(conn).has_table(LEGACY_SAMPLES):
+                return moved  # another process finished it
+            rows = conn.execute(
+                text(
+                    "SELECT series_id, ts, value FROM samples ORDER BY series_id, ts LIMIT :n"
+                ),
+                {"n": batch_rows},
+            ).all()
+            if not rows:
+                conn.execute(text("DROP TABLE samples"))
+                log.info("store: schema upgraded: %d samples moved into sample_chunks", moved)
+                return moved
+            if not moved:
+                log.info("store: schema upgrade: moving samples into sample_chunks")
+            ids, ts, values = zip(*rows, strict=True)
+            chunks = encode(
+                np.array(ids, np.int64),
+                np.array(ts, np.int64),
+                np.array(values, np.float64),
+                max_samples=MAX_SAMPLES,
+            )
+            insert_chunks(conn, chunks, 0)
+            last_id, last_ts = int(ids[-1]), int(ts[-1])
+            conn.execute(
+                text("DELETE FROM samples WHERE series_id < :s OR (series_id = :s AND ts <= :t)"),
+                {"s": last_id, "t": last_ts},
+            )
+            moved += len(rows)
