@@ -431,7 +431,7 @@ def main() -> None:
         print("  " + line)
     for e in e2e:
         print(
-            f"  {e.backend}: rows flushed in timed rounds {e.flushed:,}; rows in samples table "
+            f"  {e.backend}: rows flushed in timed rounds {e.flushed:,}; samples stored "
             f"{e.rows_in_db:,} (incl. warm-up)"
         )
     print()

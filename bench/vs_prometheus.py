@@ -16,10 +16,10 @@ next ``--duration`` seconds:
 
 * samples: Prometheus's ``prometheus_tsdb_head_samples_appended_total`` (every exposed
   sample, NaN included, plus its 5 synthetic ``up``-style samples per scrape); tritonwatch's
-  rows in ``samples`` (exposed samples except NaN, the derived SLIs, 3 ``up``-style samples
-  per scrape).  Both are read at the start and the end of the window;
+  stored samples, ``Store.count_samples()`` (exposed samples except NaN, the derived SLIs,
+  3 ``up``-style samples per scrape).  Both are read at the start and the end of the window;
 * CPU: user+system of the scraper process (all threads) from /proc, plus for PostgreSQL its
-  postmaster and every backend (the database server's CPU counts).  Row counts are read outside
+  postmaster and every backend (the database server's CPU counts).  Sample counts are read outside
   the CPU window, so counting costs no one;
 * peak RSS: VmHWM of the scraper process (PostgreSQL's shared buffers not included).
 """

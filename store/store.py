@@ -54,6 +54,10 @@ log = logging.getLogger(__name__)
 #: be longer than this.
 SERIES_CACHE_TTL_S = 600.0
 
+#: Series resolved per statement (and transaction), and the most series whose layouts expire
+#: in one flush.
+RESOLVE_SLICE = 20_000
+
 #: After a failed flush, ``write()`` waits this long before flushing automatically again, so
 #: that a down database does not add a connect timeout to every scrape.
 AUTO_FLUSH_BACKOFF_S = 5.0
@@ -98,9 +102,7 @@ class Store:
         self._flush_lock = threading.Lock()  # one flush at a time; guards the series cache
         self._buffer: deque[_Chunk] = deque()
         self._rows = 0
-        self._cache: dict[SeriesKeyTuple, int] = {}
         self._layouts: dict[str, Layout] = {}  # per target, the last scrape's series and ids
-        self._cache_born = time.monotonic()
         self._retry_after = 0.0
         self._closed = False
         self._probe_rows: list[dict[str, Any]] = []  # guarded by _lock, flushed with samples
@@ -295,11 +297,9 @@ class Store:
             )
 
     def _write_chunks(self, chunks: Iterable[_Chunk]) -> int:
-        if time.monotonic() - self._cache_born > SERIES_CACHE_TTL_S:
-            self._cache.clear()
-            self._layouts.clear()
-            self._cache_born = time.monotonic()
-        cache, layouts = self._cache, self._layouts
+        layouts = self._layouts
+        now = time.monotonic()
+        self._expire_layouts(now)
         # 1. Series ids.  A scrape listing the same series as its target's previous one (the
         # steady state) reuses that layout's ids; only a changed scrape hashes its keys.
         current: dict[str, Layout] = {}
@@ -309,7 +309,7 @@ class Store:
         for target, ts_ms, names, labels, values, nan in chunks:
             prev = current.get(target) or layouts.get(target)
             lay = prev if prev is not None and prev.same(names, labels) else Layout(
-                target, names, labels, cache, prev
+                target, names, labels, prev, now=now
             )
             if lay.unresolved:
                 # Series are created for values only: one that has only ever been NaN has none.
@@ -324,11 +324,9 @@ class Store:
         if not work:
             return 0
         if missing:
-            with transaction(self._engine, write=True) as conn:
-                ids = resolve_series(conn, missing, now_ms=round(time.time() * 1000))
-            cache.update(ids)  # only once committed
+            resolved = self._resolve(missing)
             for lay in stale.values():
-                lay.fill(cache)
+                lay.fill(resolved)
         layouts.update(current)
         # 2. Three columns for the whole batch.
         sids = np.concatenate([lay.ids for lay, _, _, _ in work])
@@ -358,6 +356,36 @@ class Store:
             # up before raw retention may delete them.
             maintenance.rewind_watermarks(conn, int(tss.min()))
         return len(sids)
+
+    def _resolve(self, keys: set[SeriesKeyTuple]) -> dict[SeriesKeyTuple, int]:
+        # In slices, each its own transaction: a fleet's first flush (or a refresh after
+        # retention) creates hundreds of thousands of series, and one statement for all of
+        # them would hold every key, its JSON and its returned row in memory at once.
+        ordered = sorted(keys)
+        resolved: dict[SeriesKeyTuple, int] = {}
+        for lo in range(0, len(ordered), RESOLVE_SLICE):
+            with transaction(self._engine, write=True) as conn:
+                ids = resolve_series(
+                    conn, ordered[lo : lo + RESOLVE_SLICE], now_ms=round(time.time() * 1000)
+                )
+            resolved.update(ids)  # only once committed
+        return resolved
+
+    def _expire_layouts(self, now: float) -> None:
+        """Forget layouts resolved more than SERIES_CACHE_TTL_S ago, a few per flush.
+
+        Their next scrape resolves its series again, which marks them in use for retention.
+        A budget of keys per flush spreads the re-resolution of a large fleet over many
+        flushes instead of one long burst every TTL.
+        """
+        budget = RESOLVE_SLICE
+        expired = [(lay.born, target, len(lay.ids)) for target, lay in self._layouts.items()
+                   if now - lay.born > SERIES_CACHE_TTL_S]
+        for _, target, size in sorted(expired):
+            if budget <= 0:
+                break
+            del self._layouts[target]
+            budget -= size
 
     def write_health(self, h: TargetHealth) -> None:
         """Record the latest scrape outcome of ``(h.target, h.source)``, logging up/down flips.
@@ -709,8 +737,7 @@ class Store:
                     self._engine, resolved_before_ms=now_ms - round(raw_s * 1000)
                 )
                 if gone:
-                    self._cache.clear()
-                    self._layouts.clear()
+                    self._layouts.clear()  # their ids may be gone: resolve everything again
         log.info("store: retention deleted %d rows and %d empty series", deleted, gone)
         return deleted
 

@@ -47,7 +47,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from tritonwatch.serve import serve, tune_gc
+    from tritonwatch.serve import serve, tune_gc, tune_malloc
 
     try:
         config = load_config(args.config)
@@ -55,6 +55,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         for line in exc.errors:
             _err(f"{exc.source}: {line}")
         return 2
+    tune_malloc()
     tune_gc()
     asyncio.run(serve(config, listen=args.listen))
     return 0

@@ -1,0 +1,110 @@
+"""Series ids on the write path: resolved in bounded slices, refreshed a budget at a time.
+
+The store keeps no key → id cache beyond each target's last layout; these tests watch the
+statements that resolve series (a spy around ``store.write.resolve_series``, the real function
+underneath) to show that a large first flush is cut into slices, that layouts older than the
+TTL are re-resolved a few per flush rather than all at once, and that the ids stay right
+throughout.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import store.store as store_module
+from schemas.samples import Labels
+
+TARGETS = 5
+SERIES = 10
+
+
+def _columns(i: int) -> tuple[list[str], list[Labels]]:
+    names = [f"m_{k % 3}" for k in range(SERIES)]
+    labels: list[Labels] = [(("k", str(k)), ("t", str(i))) for k in range(SERIES)]
+    return names, labels
+
+
+@pytest.fixture
+def calls(monkeypatch: pytest.MonkeyPatch) -> list[list[Any]]:
+    seen: list[list[Any]] = []
+    real = store_module.resolve_series
+
+    def spy(conn: Any, keys: Any, *, now_ms: int) -> Any:
+        keys = list(keys)
+        seen.append(keys)
+        return real(conn, keys, now_ms=now_ms)
+
+    monkeypatch.setattr(store_module, "resolve_series", spy)
+    return seen
+
+
+def _write_all(st: Any, ts: float) -> None:
+    columns = [_columns(i) for i in range(TARGETS)]
+    for i, (names, labels) in enumerate(columns):
+        st.write_columns(f"t{i}", ts, names, labels, np.full(SERIES, ts + i))
+    st.flush()
+
+
+def test_a_large_first_flush_resolves_in_slices(make_store, calls, monkeypatch):
+    monkeypatch.setattr(store_module, "RESOLVE_SLICE", 7)
+    st = make_store()
+    _write_all(st, 1000.0)
+    total = TARGETS * SERIES
+    assert [len(c) for c in calls] == [7] * (total // 7) + [total % 7]
+    keys = st.series()
+    assert len(keys) == total
+    # Every sample landed on its own series.
+    for i in range(TARGETS):
+        got = st.range("m_0", start=999, end=1001, target=f"t{i}")
+        assert {d.values for d in got} == {(1000.0 + i,)}
+        assert len(got) == len([k for k in range(SERIES) if k % 3 == 0])
+
+
+def test_unchanged_layouts_resolve_nothing(make_store, calls):
+    st = make_store()
+    _write_all(st, 1000.0)
+    calls.clear()
+    for r in range(1, 4):
+        _write_all(st, 1000.0 + r)
+    assert calls == []
+
+
+def test_expired_layouts_are_refreshed_a_budget_at_a_time(make_store, calls, monkeypatch):
+    st = make_store()
+    _write_all(st, 1000.0)
+    calls.clear()
+    # Every layout is now past its TTL; the budget lets one target's series (10) be
+    # resolved again per flush, oldest first, so the refresh takes TARGETS flushes.
+    monkeypatch.setattr(store_module, "SERIES_CACHE_TTL_S", -1.0)
+    monkeypatch.setattr(store_module, "RESOLVE_SLICE", SERIES)
+    refreshed = []
+    for r in range(1, TARGETS + 1):
+        _write_all(st, 1000.0 + r)
+        assert len(calls) == 1 and len(calls[0]) == SERIES
+        refreshed.append({key[0] for key in calls[0]})
+        calls.clear()
+    assert [len(t) for t in refreshed] == [1] * TARGETS
+    assert set().union(*refreshed) == {f"t{i}" for i in range(TARGETS)}
+    # Ids survived the refresh: still one series per key, every scrape readable.
+    assert len(st.series()) == TARGETS * SERIES
+    got = st.range("m_1", start=0, end=2000, target="t3")
+    assert {d.values for d in got} == {tuple(1000.0 + r + 3 for r in range(TARGETS + 1))}
+
+
+def test_a_changed_block_reuses_ids_of_the_previous_layout(make_store, calls):
+    st = make_store()
+    names, labels = _columns(0)
+    st.write_columns("t0", 1000.0, names, labels, np.arange(SERIES, dtype=np.float64))
+    st.flush()
+    calls.clear()
+    # One series more at the end and one relabelled: only those two are new keys.
+    names2 = [*names, "m_new"]
+    labels2 = [*labels[:-1], (("k", "changed"), ("t", "0")), (("k", "x"),)]
+    st.write_columns("t0", 1001.0, names2, labels2, np.arange(SERIES + 1, dtype=np.float64))
+    st.flush()
+    assert len(calls) == 1
+    assert sorted(key[2] for key in calls[0]) == sorted([labels2[-2], labels2[-1]])
+    assert len(st.series()) == SERIES + 2
