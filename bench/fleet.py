@@ -141,7 +141,7 @@ def main() -> None:
           f"{scaled}, {args.duration:g} s measured per size, {os.cpu_count()} CPUs")
     head = (f"{'targets':>7} {'series':>9} {'samples/s':>9} {'scrapes/target':>14} "
             f"{'short':>5} {'down':>4} {'missed':>6} {'slowest s':>9} {'CPU %':>6} "
-            f"{'peak RSS MiB':>12} {'kept':>5}")
+            f"{'peak RSS MiB':>12} {'end RSS MiB':>11} {'kept':>5}")
     results = []
     for n in sizes:
         with simulated_fleet(n, models=args.models, gpus=args.gpus) as fleet:
@@ -154,6 +154,7 @@ def main() -> None:
               f"{r.targets * r.series / args.interval:>9,.0f} {r.expected:>14} "
               f"{r.short_targets:>5} {r.down:>4} {r.missed_jobs:>6.0f} {r.slowest_scrape_s:>9.2f} "
               f"{100 * r.cpu_s / r.window_s:>6.0f} {r.peak_rss_mib:>12.0f} "
+              f"{r.end_rss_mib:>11.0f} "
               f"{'yes' if r.kept else 'NO':>5}", flush=True)
     kept = [r.targets for r in results if r.kept]
     print()

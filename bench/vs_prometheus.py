@@ -139,7 +139,8 @@ def _models(fleet: Fleet) -> list[str]:
 
 
 def run_tritonwatch(fleet: Fleet, targets: int, interval: float, warmup: float, duration: float,
-                    *, url: str, who: str, db_pid: int | None) -> Result:
+                    *, url: str, who: str, db_pid: int | None,
+                    flush_interval: float | None = None) -> Result:
     models = _models(fleet)
     with tempfile.TemporaryDirectory(prefix="tw-vs-tw-") as tmp:
         port = _free_port()
@@ -151,7 +152,9 @@ def run_tritonwatch(fleet: Fleet, targets: int, interval: float, warmup: float, 
                 for i in range(targets)
             ],
             "scrape": {"interval": f"{interval:g}s", "timeout": f"{interval:g}s"},
-            "store": {"url": url},
+            "store": {"url": url, **(
+                {"flush_interval": f"{flush_interval:g}s"} if flush_interval else {}
+            )},
             "api": {"listen": f"127.0.0.1:{port}"},
         }
         path = os.path.join(tmp, "tritonwatch.yaml")
@@ -211,11 +214,14 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=12.0)
     parser.add_argument("--duration", type=float, default=45.0, help="measured window, seconds")
     parser.add_argument("--backend", choices=("sqlite", "postgres", "both"), default="both")
+    parser.add_argument("--flush-interval", type=float, default=None,
+                        help="tritonwatch's store.flush_interval, s (default: the product's)")
     args = parser.parse_args()
 
     print(f"Tritonwatch vs Prometheus: {args.targets} simulated targets, scrape interval "
           f"{args.interval:g} s, {args.warmup:g} s warm-up + {args.duration:g} s measured each, "
-          f"{os.cpu_count()} CPUs")
+          f"{os.cpu_count()} CPUs; tritonwatch store.flush_interval "
+          f"{f'{args.flush_interval:g} s' if args.flush_interval else 'default (5 s)'}")
     results: list[Result] = []
     with simulated_fleet(args.targets) as fleet:
         print(f"payload: {fleet.series:,} series, {fleet.payload_bytes / 1024:.0f} KiB per "
@@ -227,6 +233,7 @@ def main() -> None:
                 results.append(run_tritonwatch(
                     fleet, args.targets, args.interval, args.warmup, args.duration,
                     url=f"sqlite:///{tmp}/tw.db", who="tritonwatch sqlite", db_pid=None,
+                    flush_interval=args.flush_interval,
                 ))
         if args.backend in ("postgres", "both"):
             with postgres_backend(durable=True) as backend:
@@ -234,6 +241,7 @@ def main() -> None:
                 results.append(run_tritonwatch(
                     fleet, args.targets, args.interval, args.warmup, args.duration,
                     url=url, who="tritonwatch postgres", db_pid=backend.server_pid,
+                    flush_interval=args.flush_interval,
                 ))
         fleet_cpu = process_tree_cpu(fleet.pid)
 

@@ -102,11 +102,11 @@ _ALLOWED_SUFFIXES = {
 # of the key, so sharing it between threads is harmless.  A target's steady state does not come
 # here at all (collector.shape reads a payload with an unchanged structure as values only), so
 # the cache serves first scrapes and changed payloads, and is kept small: an entry costs about
-# 800 bytes, so the bound is ~40 MB.  Past it, new heads are parsed cold and not cached; nothing
+# 800 bytes, so the bound is ~16 MB.  Past it, new heads are parsed cold and not cached; nothing
 # is evicted (a fleet whose series outnumber the bound would otherwise turn every lookup into a
 # miss).  Series that went away stay cached until ``clear_head_cache()``.
 _HEAD_CACHE: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {}
-_HEAD_CACHE_MAX = 50_000
+_HEAD_CACHE_MAX = 20_000
 
 
 def clear_head_cache() -> None:

@@ -14,7 +14,6 @@ import threading
 from collections.abc import Callable
 
 from collector.probes.base import ProbeFailure, Recorder, Session
-from collector.probes.grpc_stream import GrpcSession
 from collector.probes.http_sse import HttpSession, OpenAISession
 from collector.probes.tokenizer import load_token_counter
 from schemas.config import Config
@@ -27,6 +26,9 @@ OnResult = Callable[[ProbeResult], None]
 
 def make_session(config: ProbeConfig, url: str) -> Session:
     if config.protocol == "grpc":
+        # Imported on first use: tritonclient.grpc costs ~11 MB of RSS (see grpc_options).
+        from collector.probes.grpc_stream import GrpcSession
+
         return GrpcSession(config, url)
     if config.protocol == "http":
         return HttpSession(config, url)

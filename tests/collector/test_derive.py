@@ -852,3 +852,37 @@ def test_summed_increases_equal_prometheus_reset_aware_increase(
             assert rate is not None
             total += rate * 15.0
     assert total == pytest.approx(_prometheus_increase(a) + _prometheus_increase(b))
+
+
+# --------------------------------------------------------------------------------------------
+# DERIVED_FROM: the families the deriver reads (the collector passes the others without samples)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_families_outside_derived_from_do_not_change_the_result(seed):
+    from bench.payloads import triton_payload
+    from collector.derive import _ROLES, DERIVED_FROM
+    from collector.parse import parse, parse_reference
+
+    full, trimmed = Deriver("t"), Deriver("t")
+    configs = {f"model_{i}": ModelConfigInfo(name=f"model_{i}", max_batch_size=8)
+               for i in range(20)}
+    outputs = []
+    for step in range(4):
+        text = triton_payload(seed=seed, step=step)
+        families = parse(text)
+        assert any(f.name not in DERIVED_FROM and f.samples for f in families)
+        # Every family holding a sample the deriver has a role for is one it reads, under
+        # either parser's naming (the reference names counter samples *_total).
+        for f in [*families, *parse_reference(text)]:
+            if any(smp.name in _ROLES for smp in f.samples):
+                assert f.name in DERIVED_FROM, f.name
+        emptied = tuple(f if f.name in DERIVED_FROM else f._replace(samples=())
+                        for f in families)
+        a = full.derive(Snapshot("t", 1000.0 + 15 * step, tuple(families)), configs)
+        b = trimmed.derive(Snapshot("t", 1000.0 + 15 * step, emptied), configs)
+        assert [(s.name, s.labels, repr(s.value)) for s in a] == [
+            (s.name, s.labels, repr(s.value)) for s in b
+        ]
+        outputs.append(len(a))
+    assert outputs[-1] > 0  # rates once there is a baseline: the comparison compared something
