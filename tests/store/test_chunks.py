@@ -38,6 +38,7 @@ from store import Agg, Store, StoreError, maintenance, migrate, open_store
 from store import chunks as ck
 from store.engine import transaction
 from store.maintenance import _PG_LOCK_ROLLUP, COMPACT_REWIND, COMPACT_WATERMARK, get_meta
+from tests.store.test_contract import REFERENCE_AGGREGATIONS
 
 # An hour boundary three days ago (series record wall-clock resolve times; see test_contract).
 T = (int(time.time()) // 3600 - 72) * 3600
@@ -158,14 +159,7 @@ class Model:
         return out
 
     def buckets(self, lo_ms: int, hi_ms: int, step_ms: int, agg: str) -> dict[str, Any]:
-        reduce: dict[str, Callable[[list[float]], float]] = {
-            "avg": lambda vs: sum(vs) / len(vs),
-            "min": min,
-            "max": max,
-            "sum": sum,
-            "count": len,
-            "last": lambda vs: vs[-1],
-        }
+        reduce = REFERENCE_AGGREGATIONS
         out = {}
         for i, p in self.points(lo_ms, hi_ms).items():
             groups: dict[int, list[float]] = {}

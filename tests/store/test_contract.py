@@ -208,19 +208,23 @@ def test_series_appearing_and_disappearing(store: Store) -> None:
 # --- buckets and rollups -------------------------------------------------------------------
 
 
+#: What each bucket aggregation means, on a plain list of the bucket's values (oldest first).
+REFERENCE_AGGREGATIONS: dict[str, Callable[[list[float]], float]] = {
+    "avg": lambda vs: sum(vs) / len(vs),
+    "min": min,
+    "max": max,
+    "sum": sum,
+    "count": len,
+    "last": lambda vs: vs[-1],
+}
+
+
 def _reference_buckets(points: list[tuple[float, float]], step: float, agg: str):
     groups: dict[float, list[float]] = {}
     for ts, v in points:
         groups.setdefault(ts // step * step, []).append(v)
-    reduce: dict[str, Callable[[list[float]], float]] = {
-        "avg": lambda vs: sum(vs) / len(vs),
-        "min": min,
-        "max": max,
-        "sum": sum,
-        "count": len,
-        "last": lambda vs: vs[-1],
-    }
-    return tuple(sorted(groups)), tuple(reduce[agg](groups[b]) for b in sorted(groups))
+    reduce = REFERENCE_AGGREGATIONS[agg]
+    return tuple(sorted(groups)), tuple(reduce(groups[b]) for b in sorted(groups))
 
 
 @pytest.mark.parametrize("agg", ["avg", "min", "max", "sum", "count", "last"])

@@ -16,6 +16,7 @@ import pytest
 
 import store.store as store_module
 from schemas.samples import Labels
+from store.write import resolve_series
 
 TARGETS = 5
 SERIES = 10
@@ -30,7 +31,7 @@ def _columns(i: int) -> tuple[list[str], list[Labels]]:
 @pytest.fixture
 def calls(monkeypatch: pytest.MonkeyPatch) -> list[list[Any]]:
     seen: list[list[Any]] = []
-    real = store_module.resolve_series
+    real = resolve_series
 
     def spy(conn: Any, keys: Any, *, now_ms: int) -> Any:
         keys = list(keys)
