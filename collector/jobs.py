@@ -156,9 +156,11 @@ class TargetState:
             if target.http_url or target.grpc_url else None
         )
         self.latest: list[Sample] = []  # derived SLIs of the last scrape, for display
-        # The last scrape's structure and values (column-wise: no per-sample objects kept).
+        # The shape the next payload is read against (collector.shape).
         self.shape: Shape | None = None
-        self.values: Values = np.empty(0, np.float64)
+        # The last good scrape, column-wise (no per-sample objects kept), as one attribute:
+        # the GPU join reads it on the event loop while a worker thread may be replacing it.
+        self.last_scrape: tuple[Shape, Values] | None = None
         # The shape's label tuples with the target's labels added, built once per shape.
         self._labeled: tuple[Shape | None, list[Labels]] = (None, [])
         # Model configs as last written to the store: only changed ones are written again.
@@ -167,14 +169,16 @@ class TargetState:
     @property
     def latest_raw(self) -> list[Sample]:
         """The raw samples of the last successful scrape (built on demand, for the GPU join)."""
-        if self.shape is None or len(self.values) != len(self.shape):
+        last = self.last_scrape
+        if last is None:
             return []  # never scraped, or down since (forget_scrape)
-        return self.shape.samples(self.values)
+        shape, values = last
+        return shape.samples(values)
 
     def forget_scrape(self) -> None:
         """The target is down: its last scrape no longer describes it."""
         self.latest = []
-        self.values = np.empty(0, np.float64)
+        self.last_scrape = None
         # The shape stays: when the target comes back, its first payload can still match it.
 
     def shape_labels(self, shape: Shape) -> list[Labels]:
@@ -300,7 +304,7 @@ class Collector:
         snap = shape.snapshot(target.name, now, values, keep=DERIVED_FROM)
         with state.derive_lock:
             derived = state.deriver.derive(snap, state.configs)
-        state.shape, state.values, state.latest = shape, values, derived
+        state.shape, state.last_scrape, state.latest = shape, (shape, values), derived
         health = TargetHealth(
             target.name, "metrics", now, True, time.perf_counter() - start, len(values)
         )
