@@ -13,14 +13,7 @@ from typing import Any
 
 import httpx
 
-from alerts.notify.base import (
-    OutgoingAlert,
-    post_json,
-    redact_url,
-    register_secrets,
-    rfc3339,
-    secrets_of,
-)
+from alerts.notify.base import HttpNotifier, OutgoingAlert, post_json, rfc3339
 
 API_PATH = "/api/v2/alerts"
 
@@ -38,8 +31,10 @@ def postable_alert(alert: OutgoingAlert) -> dict[str, Any]:
     return body
 
 
-class AlertmanagerNotifier:
+class AlertmanagerNotifier(HttpNotifier):
     """Posts batches to one Alertmanager (``base_url`` like ``http://am:9093``)."""
+
+    kind = "alertmanager"
 
     def __init__(
         self,
@@ -49,20 +44,9 @@ class AlertmanagerNotifier:
         headers: Mapping[str, str] | None = None,
         client: httpx.Client | None = None,
     ) -> None:
-        self.url = base_url.rstrip("/") + API_PATH
-        self.timeout = timeout
-        self.headers = dict(headers or {})
-        self._secrets = secrets_of(self.url, self.headers)
-        register_secrets(self._secrets)
-        self._client = client or httpx.Client(timeout=timeout, follow_redirects=False)
-        self._owns_client = client is None
-
-    @property
-    def name(self) -> str:
-        return f"alertmanager {redact_url(self.url)}"
-
-    def __repr__(self) -> str:
-        return f"AlertmanagerNotifier({redact_url(self.url)!r})"
+        super().__init__(
+            base_url.rstrip("/") + API_PATH, headers=headers, timeout=timeout, client=client
+        )
 
     def notify(self, alerts: Sequence[OutgoingAlert]) -> None:
         if not alerts:
@@ -72,6 +56,3 @@ class AlertmanagerNotifier:
             headers=self.headers, secrets=self._secrets, timeout=self.timeout,
         )
 
-    def close(self) -> None:
-        if self._owns_client:
-            self._client.close()

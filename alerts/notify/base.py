@@ -202,6 +202,41 @@ def _retry_after(response: httpx.Response) -> float | None:
         return None  # an HTTP date: rare for these APIs; fall back to our own backoff
 
 
+class HttpNotifier:
+    """What every HTTP notifier shares: a URL and headers whose secrets are registered for
+    log scrubbing, an ``httpx`` client it closes only if it made it, and a redacted name."""
+
+    #: First word of :attr:`name` (``alertmanager``, ``webhook``).
+    kind = "http"
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        timeout: float = 10.0,
+        client: httpx.Client | None = None,
+    ) -> None:
+        self.url = url
+        self.timeout = timeout
+        self.headers = dict(headers or {})
+        self._secrets = secrets_of(self.url, self.headers)
+        register_secrets(self._secrets)
+        self._client = client or httpx.Client(timeout=timeout, follow_redirects=False)
+        self._owns_client = client is None
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind} {redact_url(self.url)}"
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({redact_url(self.url)!r})"
+
+    def close(self) -> None:
+        if self._owns_client:
+            self._client.close()
+
+
 def post_json(
     client: httpx.Client,
     url: str,

@@ -20,15 +20,7 @@ from typing import Any
 
 import httpx
 
-from alerts.notify.base import (
-    NotifyError,
-    OutgoingAlert,
-    post_json,
-    redact_url,
-    register_secrets,
-    rfc3339,
-    secrets_of,
-)
+from alerts.notify.base import HttpNotifier, NotifyError, OutgoingAlert, post_json, rfc3339
 from schemas.samples import Labels
 
 ZERO_TIME = "0001-01-01T00:00:00Z"  # Go's zero time.Time: Alertmanager's endsAt while firing
@@ -89,8 +81,10 @@ def webhook_messages(
     return messages
 
 
-class WebhookNotifier:
+class WebhookNotifier(HttpNotifier):
     """POSTs v4 messages to one URL.  The URL and header values are secrets."""
+
+    kind = "webhook"
 
     def __init__(
         self,
@@ -104,25 +98,12 @@ class WebhookNotifier:
         client: httpx.Client | None = None,
         repeat_interval: float | None = 4 * 3600.0,
     ) -> None:
+        super().__init__(url, headers=headers, timeout=timeout, client=client)
         #: Seconds between notifications of an unchanged firing alert (see Dispatcher).
         self.repeat_interval = repeat_interval
-        self.url = url
-        self.headers = dict(headers or {})
         self.max_alerts = max_alerts
         self.receiver = receiver
         self.external_url = external_url
-        self.timeout = timeout
-        self._secrets = secrets_of(url, self.headers)
-        register_secrets(self._secrets)
-        self._client = client or httpx.Client(timeout=timeout, follow_redirects=False)
-        self._owns_client = client is None
-
-    @property
-    def name(self) -> str:
-        return f"webhook {redact_url(self.url)}"
-
-    def __repr__(self) -> str:
-        return f"WebhookNotifier({redact_url(self.url)!r})"
 
     def notify(self, alerts: Sequence[OutgoingAlert]) -> None:
         """One POST per group; every group is tried, then the first error is raised
@@ -141,6 +122,3 @@ class WebhookNotifier:
             retryable = [e for e in errors if e.retryable]
             raise (retryable or errors)[0]
 
-    def close(self) -> None:
-        if self._owns_client:
-            self._client.close()
