@@ -25,10 +25,13 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from bench.payloads import triton_payload
+from collector.parse import parse
+from schemas.samples import label_value
 
 __all__ = [
     "Fleet",
     "Template",
+    "fleet_models",
     "http_get",
     "peak_rss_mib",
     "process_tree_cpu",
@@ -177,7 +180,7 @@ def simulated_fleet(targets: int, *, models: int = 20, gpus: int = 8) -> Iterato
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
-def _stat(pid: int) -> tuple[int, float, float] | None:
+def proc_stat(pid: int) -> tuple[int, float, float] | None:
     """(ppid, own CPU s, reaped children's CPU s) of ``pid``, or None if it is gone.
 
     Own CPU is the larger of stat's utime + stime (whole clock ticks, all threads, exited ones
@@ -215,16 +218,22 @@ def _live_threads_ns(pid: int) -> int:
 
 def process_tree_cpu(root: int) -> float:
     """CPU seconds of ``root`` and its live children, plus children it has already reaped."""
-    own = _stat(root)
+    own = proc_stat(root)
     if own is None:
         return 0.0
     total = own[1] + own[2]
     for entry in os.listdir("/proc"):
         if entry.isdigit() and int(entry) != root:
-            st = _stat(int(entry))
+            st = proc_stat(int(entry))
             if st is not None and st[0] == root:
                 total += st[1] + st[2]
     return total
+
+
+def fleet_models(fleet: Fleet) -> list[str]:
+    """The model names the fleet's targets expose (for ``max_batch_size`` in configs)."""
+    families = parse(http_get(fleet.url(0)))
+    return sorted({label_value(s.labels, "model") for f in families for s in f.samples} - {""})
 
 
 def http_get(url: str, timeout: float = 10.0) -> str:

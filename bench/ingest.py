@@ -43,14 +43,13 @@ import numpy as np
 import psycopg
 from psycopg import sql
 
-from bench.common import Fleet, _stat, http_get, process_tree_cpu, simulated_fleet
+from bench.common import Fleet, fleet_models, proc_stat, process_tree_cpu, simulated_fleet
 from collector.derive import DERIVED_FROM, Deriver
 from collector.jobs import Collector
-from collector.parse import parse
 from collector.scrape import fetch_metrics, make_client
 from collector.shape import Shape, parse_columns
 from schemas.config import Config, validate_config
-from schemas.samples import Labels, TargetHealth, label_value
+from schemas.samples import Labels, TargetHealth
 from schemas.triton import ModelConfigInfo
 from store import Store, open_store
 from tritonwatch.serve import tune_gc
@@ -111,7 +110,7 @@ def postgres_backend(durable: bool) -> Iterator[Backend]:
             row = conn.execute("SELECT pg_backend_pid()").fetchone()
             assert row is not None
             backend_pid = int(row[0])
-            info = _stat(backend_pid)  # a backend's parent is the postmaster
+            info = proc_stat(backend_pid)  # a backend's parent is the postmaster
             assert info is not None
             postmaster = info[0]
 
@@ -390,7 +389,7 @@ def main() -> None:
     e2e: list[EndToEnd] = []
     per_stage: list[Stages] = []
     with simulated_fleet(args.targets) as fleet:
-        models = _models(fleet)
+        models = fleet_models(fleet)
         print(
             f"payload: bench.common.simulated_fleet, {fleet.series:,} series, "
             f"{fleet.payload_bytes / 1024:.0f} KiB per scrape, series order fixed, counters "
@@ -453,10 +452,6 @@ def main() -> None:
         "not in any figure above, but it shares the machine's CPUs with the client and the DB."
     )
 
-
-def _models(fleet: Fleet) -> list[str]:
-    families = parse(http_get(fleet.url(0)))
-    return sorted({label_value(s.labels, "model") for f in families for s in f.samples} - {""})
 
 
 def fleet_targets(n: int) -> str:

@@ -41,6 +41,7 @@ import yaml
 
 from bench.common import (
     Fleet,
+    fleet_models,
     http_get,
     peak_rss_mib,
     process_tree_cpu,
@@ -48,8 +49,6 @@ from bench.common import (
     wait_until,
 )
 from bench.ingest import postgres_backend
-from collector.parse import parse
-from schemas.samples import label_value
 from store import open_store
 from tests.fixtures_pg import _free_port
 
@@ -133,15 +132,11 @@ def _prom_scrapes(port: int, window_s: float) -> int:
     return int(float(result[0]["value"][1])) if result else 0
 
 
-def _models(fleet: Fleet) -> list[str]:
-    families = parse(http_get(fleet.url(0)))
-    return sorted({label_value(s.labels, "model") for f in families for s in f.samples} - {""})
-
 
 def run_tritonwatch(fleet: Fleet, targets: int, interval: float, warmup: float, duration: float,
                     *, url: str, who: str, db_pid: int | None,
                     flush_interval: float | None = None) -> Result:
-    models = _models(fleet)
+    models = fleet_models(fleet)
     with tempfile.TemporaryDirectory(prefix="tw-vs-tw-") as tmp:
         port = _free_port()
         config = {

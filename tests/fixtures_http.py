@@ -12,6 +12,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -101,11 +102,12 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-@pytest.fixture
-def fake_targets() -> Iterator[FakeTargets]:
+@contextmanager
+def serve_fake_targets(ok_body: str = OK_BODY) -> Iterator[FakeTargets]:
+    """The fake targets on a free port, answering ``/ok`` with ``ok_body``."""
     server = _Server(("127.0.0.1", 0), _Handler)
     server.hits = []
-    server.ok_body = OK_BODY
+    server.ok_body = ok_body
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -113,6 +115,12 @@ def fake_targets() -> Iterator[FakeTargets]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.fixture
+def fake_targets() -> Iterator[FakeTargets]:
+    with serve_fake_targets() as targets:
+        yield targets
 
 
 @pytest.fixture

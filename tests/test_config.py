@@ -136,6 +136,13 @@ def test_config_is_frozen():
 SECRET = "s3cr3t-token-value"
 
 
+def _with_headers(where: str, headers: dict[str, str]) -> dict[str, object]:
+    """A config whose one target (or probe) sends ``headers``."""
+    if where == "targets":
+        return {"targets": [{"name": "a", "metrics_url": "http://x/metrics", "headers": headers}]}
+    return {"probes": [{"name": "p", "url": "h:8001", "model": "m", "headers": headers}]}
+
+
 @pytest.mark.parametrize(
     "value",
     [f"Bearer {SECRET}\n", f"Bearer {SECRET}\r\nX-Injected: y", f"Bearer\x00{SECRET}",
@@ -145,12 +152,8 @@ SECRET = "s3cr3t-token-value"
 @pytest.mark.parametrize("where", ["targets", "probes"])
 def test_control_characters_in_header_values_are_refused_without_quoting_them(where, value):
     headers = {"Authorization": value}
-    if where == "targets":
-        data = {"targets": [{"name": "a", "metrics_url": "http://x/metrics", "headers": headers}]}
-    else:
-        data = {"probes": [{"name": "p", "url": "h:8001", "model": "m", "headers": headers}]}
     with pytest.raises(ConfigError) as info:
-        validate_config(data)
+        validate_config(_with_headers(where, headers))
     (line,) = info.value.errors
     assert line.startswith(f"{where}[0].headers: header 'Authorization': value contains")
     assert SECRET not in str(info.value) and SECRET not in repr(info.value.errors)
@@ -160,12 +163,8 @@ def test_control_characters_in_header_values_are_refused_without_quoting_them(wh
 @pytest.mark.parametrize("where", ["targets", "probes"])
 def test_header_names_must_be_http_tokens(where, name):
     headers = {name: SECRET}
-    if where == "targets":
-        data = {"targets": [{"name": "a", "metrics_url": "http://x/metrics", "headers": headers}]}
-    else:
-        data = {"probes": [{"name": "p", "url": "h:8001", "model": "m", "headers": headers}]}
     with pytest.raises(ConfigError) as info:
-        validate_config(data)
+        validate_config(_with_headers(where, headers))
     (line,) = info.value.errors
     assert line.startswith(f"{where}[0].headers: header name {name!r} is not a valid")
     assert SECRET not in str(info.value)

@@ -2,7 +2,6 @@
 
 import asyncio
 import json
-import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -18,7 +17,25 @@ from collector.triton import ApiReading, parse_model_config, stats_families
 from schemas.config import validate_config
 from schemas.samples import Sample, Snapshot, TargetHealth
 from store import StoreError
-from tests.fixtures_http import FakeTargets, _Handler, _Server
+from tests.fixtures_http import FakeTargets, serve_fake_targets
+
+
+def run_scheduled(config, store, metrics, *, seconds):
+    """Run a Collector's jobs on a real scheduler for ``seconds``; was the scheduler still
+    running at the end (a failing job must never stop it)?"""
+
+    async def run():
+        collector = Collector(config, store, metrics=metrics)
+        scheduler = AsyncIOScheduler(timezone="UTC")
+        collector.install(scheduler)
+        scheduler.start()
+        await asyncio.sleep(seconds)
+        running = scheduler.running
+        scheduler.shutdown(wait=False)
+        await collector.close()
+        return running
+
+    return asyncio.run(run())
 
 
 def make_config(targets, **scrape):
@@ -68,17 +85,7 @@ def test_broken_targets_are_marked_down_and_never_delay_the_good_one(
     ]
     config = make_config(targets, interval="1s", timeout="800ms", max_body_bytes="256KiB")
     metrics = SelfMetrics()
-
-    async def run():
-        collector = Collector(config, store, metrics=metrics)
-        scheduler = AsyncIOScheduler(timezone="UTC")
-        collector.install(scheduler)
-        scheduler.start()
-        await asyncio.sleep(5.5)
-        scheduler.shutdown(wait=False)
-        await collector.close()
-
-    asyncio.run(run())
+    run_scheduled(config, store, metrics, seconds=5.5)
     store.flush()
     health = {h.target: h for h in store.health()}
     assert health["good"].up
@@ -121,19 +128,7 @@ def test_a_failing_job_is_counted_and_never_stops_the_others(fake_targets, store
         "store": {"flush_interval": "1s"},
     })
     metrics = SelfMetrics()
-
-    async def run():
-        collector = Collector(config, store, metrics=metrics)
-        scheduler = AsyncIOScheduler(timezone="UTC")
-        collector.install(scheduler)
-        scheduler.start()
-        await asyncio.sleep(3.5)
-        running = scheduler.running
-        scheduler.shutdown(wait=False)
-        await collector.close()
-        return running
-
-    assert asyncio.run(run())
+    assert run_scheduled(config, store, metrics, seconds=3.5)
     assert metrics.job_failures.labels("store")._value.get() >= 3
     assert metrics.store_errors._value.get() >= 3
     assert len([p for p, _ in fake_targets.hits if p == "/ok"]) >= 3
@@ -473,16 +468,8 @@ def huge_target() -> Iterator[FakeTargets]:
     lines = ["# TYPE app_requests counter"]
     lines += [f'app_requests_total{{path="/p{i}"}} {i} 1700000000000'
               for i in range(SLOW_PATH_LINES)]
-    server = _Server(("127.0.0.1", 0), _Handler)
-    server.hits = []
-    server.ok_body = "\n".join(lines) + "\n"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield FakeTargets(server)
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve_fake_targets("\n".join(lines) + "\n") as targets:
+        yield targets
 
 
 def test_a_huge_slow_path_body_does_not_delay_other_targets(fake_targets, huge_target, store):
@@ -496,17 +483,7 @@ def test_a_huge_slow_path_body_does_not_delay_other_targets(fake_targets, huge_t
     ]
     config = make_config(targets, interval="1s", timeout="1s")
     metrics = SelfMetrics()
-
-    async def run():
-        collector = Collector(config, store, metrics=metrics)
-        scheduler = AsyncIOScheduler(timezone="UTC")
-        collector.install(scheduler)
-        scheduler.start()
-        await asyncio.sleep(5.5)
-        scheduler.shutdown(wait=False)
-        await collector.close()
-
-    asyncio.run(run())
+    run_scheduled(config, store, metrics, seconds=5.5)
     health = {h.target: h for h in store.health()}
     assert health["huge"].up and health["huge"].samples == SLOW_PATH_LINES
     good = [t for path, t in fake_targets.hits if path == "/ok"]
