@@ -28,6 +28,13 @@ How the counters are read (the parts that are easy to get wrong):
 
 Performance: one pass over the samples with one dict lookup per sample name; only samples of
 the few families used here go further.  Everything else is aggregated per model afterwards.
+The collector's steady state uses :meth:`Deriver.derive_columns` instead, which takes the
+payload as a :class:`~collector.shape.Shape` and a value array: everything that depends on
+names and labels is worked out once per shape, the counter baselines are kept as arrays
+aligned with it, and a scrape is a few numpy operations.  It returns exactly what ``derive``
+returns on the same payload, bit for bit (tests/collector/test_derive_columns.py holds it so);
+measured on the 2,879-series bench payload: 0.23 ms per scrape instead of 1.0 ms for
+``shape.snapshot()`` + ``derive()``.
 """
 
 from __future__ import annotations
@@ -35,10 +42,16 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Mapping
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
+
+import numpy as np
+import numpy.typing as npt
 
 from schemas.samples import Labels, Sample, Snapshot, label_value, make_labels
 from schemas.triton import ModelConfigInfo
+
+if TYPE_CHECKING:
+    from collector.shape import Shape, Values
 
 logger = logging.getLogger(__name__)
 
@@ -297,6 +310,217 @@ def _ratio(num: float | None, den: float | None) -> float | None:
     return num / den
 
 
+_Floats = npt.NDArray[np.float64]
+_Ints = npt.NDArray[np.intp]
+_Bools = npt.NDArray[np.bool_]
+
+# _Plan slot parts: where a counter slot's sum goes in its _Acc (the kind codes, as it happens).
+_PART_OF_KIND = {_COUNTER: 0, _FAILURE: 1, _BATCH_EXEC: 2, _RESP_NS: 3, _RESP_COUNT: 4}
+
+
+def _ints(items: list[int]) -> _Ints:
+    return np.array(items, dtype=np.intp)
+
+
+def _first_seen_order(ids: _Ints) -> list[int]:
+    """The distinct ``ids`` in order of first occurrence."""
+    distinct, first = np.unique(ids, return_index=True)
+    return [int(i) for i in distinct[np.argsort(first)]]
+
+
+class _Plan:
+    """Everything :meth:`Deriver.derive` works out from a shape's names and labels, done once.
+
+    The samples the deriver reads are split, in exposition order, into GPU gauges, energy
+    counters and *model entries* (the samples with a ``model`` label: counters and gauges).
+    Each model entry belongs to an accumulator (``acc``: one per source and model key, numbered
+    in order of first appearance) and marks a field as seen; each counter entry has a state key
+    (``u``: one per distinct ``(role.key, labels)``) and a slot, the accumulator dict entry its
+    delta is added to (``-1`` where ``derive`` drops the delta: an unreadable ``batch_size`` or
+    ``index`` label).  Slots and gauge keys are numbered in order of first appearance too, so
+    when every entry counts, numbering order is ``derive``'s dict insertion order.
+    """
+
+    __slots__ = (
+        "acc_keys",
+        "c_acc",
+        "c_pos",
+        "c_scale",
+        "c_slot",
+        "c_u",
+        "energy_idx",
+        "energy_info",
+        "g_pos",
+        "g_slot",
+        "gauge_keys",
+        "gpu_idx",
+        "gpu_info",
+        "has_dups",
+        "has_none_slots",
+        "m_acc",
+        "m_idx",
+        "m_seen",
+        "present",
+        "seen_keys",
+        "seen_static",
+        "shape",
+        "slot_keys",
+        "u_keys",
+        "u_src",
+    )
+
+    def __init__(self, shape: Shape) -> None:
+        self.shape = shape
+        present = [False, False]
+        gpu_idx: list[int] = []
+        self.gpu_info: list[tuple[str, str]] = []  # (gpu_uuid, field)
+        energy_idx: list[int] = []
+        self.energy_info: list[tuple[str, tuple[str, Labels]]] = []  # (gpu_uuid, state key)
+        m_idx: list[int] = []
+        m_acc: list[int] = []
+        m_seen: list[int] = []
+        c_pos: list[int] = []
+        c_u: list[int] = []
+        c_scale: list[float] = []
+        c_slot: list[int] = []
+        g_pos: list[int] = []
+        g_slot: list[int] = []
+        accs: dict[tuple[int, ModelKey], int] = {}
+        seen: dict[tuple[int, str], int] = {}
+        states: dict[tuple[str, Labels], int] = {}
+        self.u_src: list[int] = []
+        slots: dict[tuple[int, int, str, int], int] = {}
+        gauges: dict[tuple[int, str], int] = {}
+
+        names, all_labels = shape.names, shape.labels
+        roles = _ROLES
+        for span in shape.spans:
+            present[_STATS if span.name.startswith("triton_stats_") else _METRICS] = True
+            if span.name not in DERIVED_FROM:
+                continue
+            for i in range(span.start, span.stop):
+                role = roles.get(names[i])
+                if role is None:
+                    continue
+                kind = role.kind
+                labels = all_labels[i]
+                if kind == _GPU_GAUGE:
+                    gpu_idx.append(i)
+                    self.gpu_info.append((label_value(labels, "gpu_uuid"), role.field))
+                    continue
+                if kind == _ENERGY:
+                    energy_idx.append(i)
+                    self.energy_info.append(
+                        (label_value(labels, "gpu_uuid"), (role.key, labels))
+                    )
+                    continue
+                lab = dict(labels)
+                model = lab.get("model")
+                if model is None:
+                    continue
+                src = role.source
+                fld = role.field
+                acc = accs.setdefault(
+                    (src, (model, lab.get("version", ""), lab.get("namespace"))), len(accs)
+                )
+                m_acc.append(acc)
+                m_seen.append(seen.setdefault((acc, fld), len(seen)))
+                pos = len(m_idx)
+                m_idx.append(i)
+                if kind == _MODEL_GAUGE or kind == _TRTLLM_GAUGE:
+                    key = fld if kind == _MODEL_GAUGE else fld + "=" + lab.get(fld, "")
+                    g_pos.append(pos)
+                    g_slot.append(gauges.setdefault((acc, key), len(gauges)))
+                    continue
+                skey = (role.key, labels)
+                u = states.get(skey)
+                if u is None:
+                    u = states[skey] = len(states)
+                    self.u_src.append(src)
+                c_pos.append(pos)
+                c_u.append(u)
+                c_scale.append(role.scale)
+                if kind == _COUNTER or kind == _FAILURE:
+                    name = fld if kind == _COUNTER else lab.get("reason", "ALL")
+                    slot_key = (acc, _PART_OF_KIND[kind], name, 0)
+                else:
+                    index = _int_label(lab, "batch_size" if kind == _BATCH_EXEC else "index")
+                    if index is None:
+                        c_slot.append(-1)
+                        continue
+                    slot_key = (acc, _PART_OF_KIND[kind], "", index)
+                c_slot.append(slots.setdefault(slot_key, len(slots)))
+
+        self.present = (present[_METRICS], present[_STATS])
+        self.gpu_idx = _ints(gpu_idx)
+        self.energy_idx = _ints(energy_idx)
+        self.m_idx = _ints(m_idx)
+        self.m_acc = _ints(m_acc)
+        self.m_seen = _ints(m_seen)
+        self.c_pos = _ints(c_pos)
+        self.c_u = _ints(c_u)
+        self.c_scale = np.array(c_scale, dtype=np.float64)
+        self.c_slot = _ints(c_slot)
+        self.c_acc = self.m_acc[self.c_pos]
+        self.g_pos = _ints(g_pos)
+        self.g_slot = _ints(g_slot)
+        self.has_dups = len(states) < len(c_u)
+        self.has_none_slots = -1 in c_slot
+        self.acc_keys: list[tuple[int, ModelKey]] = list(accs)
+        self.seen_keys: list[tuple[int, str]] = list(seen)
+        self.slot_keys: list[tuple[int, int, str, int]] = list(slots)  # acc, part, key
+        self.gauge_keys: list[tuple[int, str]] = list(gauges)
+        self.u_keys: list[tuple[str, Labels]] = list(states)
+        seen_static: list[set[str]] = [set() for _ in accs]
+        for acc, fld in seen:
+            seen_static[acc].add(fld)
+        self.seen_static = [frozenset(fields) for fields in seen_static]
+
+
+class _Columns:
+    """The counter state of a plan's sources while :meth:`Deriver.derive_columns` owns it.
+
+    ``has[u]``, ``ts[u]``, ``value[u]`` are what ``Deriver._state`` would hold for the plan's
+    state key ``u`` (``has`` False: no entry); ``energy`` holds the energy counters' entries as
+    they are (few, and kept by ``Deriver._energy_delta`` itself).
+    """
+
+    __slots__ = ("energy", "has", "plan", "ts", "value")
+
+    def __init__(self, plan: _Plan, states: list[_State]) -> None:
+        self.plan = plan
+        n = len(plan.u_keys)
+        has = np.zeros(n, dtype=np.bool_)
+        ts = np.zeros(n, dtype=np.float64)
+        value = np.zeros(n, dtype=np.float64)
+        for u, (skey, src) in enumerate(zip(plan.u_keys, plan.u_src, strict=True)):
+            prev = states[src].get(skey)
+            if prev is not None:
+                has[u] = True
+                ts[u], value[u] = prev
+        self.has: _Bools = has
+        self.ts: _Floats = ts
+        self.value: _Floats = value
+        metrics = states[_METRICS]
+        self.energy: _State = {
+            skey: metrics[skey] for _, skey in plan.energy_info if skey in metrics
+        }
+
+    def tracked(self) -> int:
+        return int(np.count_nonzero(self.has)) + len(self.energy)
+
+    def states(self) -> list[_State]:
+        """The state as ``Deriver._state`` holds it, for the plan's sources."""
+        plan = self.plan
+        out: list[_State] = [{}, {}]
+        ts, value = self.ts.tolist(), self.value.tolist()
+        keys, srcs = plan.u_keys, plan.u_src
+        for u in np.flatnonzero(self.has).tolist():
+            out[srcs[u]][keys[u]] = (ts[u], value[u])
+        out[_METRICS].update(self.energy)
+        return out
+
+
 class Deriver:
     """Turns consecutive snapshots of one target into ``sli:*`` samples.
 
@@ -316,15 +540,26 @@ class Deriver:
         # then on their request-level SLIs come only from /metrics, never from the stats API.
         self._core_from_metrics: set[ModelKey] = set()
         self._cache_from_metrics: set[ModelKey] = set()
+        # derive_columns: the plan of the last shape it saw, and while it owns the counter state
+        # of that shape's sources, that state as arrays (self._state holds the rest).
+        self._plan: _Plan | None = None
+        self._cols: _Columns | None = None
 
     def tracked_series(self) -> int:
         """How many counter series the state holds (for tests and self-metrics)."""
-        return len(self._state[0]) + len(self._state[1])
+        cols = self._cols
+        if cols is None:
+            return len(self._state[0]) + len(self._state[1])
+        return cols.tracked() + sum(
+            len(self._state[src]) for src in (_METRICS, _STATS) if not cols.plan.present[src]
+        )
 
     def derive(self, snap: Snapshot, configs: Mapping[str, ModelConfigInfo]) -> list[Sample]:
         """The derived samples for the interval ending at ``snap.ts``."""
         ts = snap.ts
         max_gap = self.max_gap_s
+        if self._cols is not None:
+            self._release_for(snap)
         prev_states = self._state
         new_states: list[_State] = [{}, {}]
         present = [False, False]
@@ -412,9 +647,247 @@ class Deriver:
                     )
                     part[index] = part.get(index, 0.0) + delta
 
+        out = self._outputs(
+            accs, gpus, energy, prev_states[_METRICS], new_states[_METRICS], ts, configs
+        )
+        if present[_METRICS]:
+            self._kv_bad &= accs[_METRICS].keys()  # forget models that went away
+        for src in (_METRICS, _STATS):
+            if present[src]:
+                self._state[src] = new_states[src]
+                self._last_ts[src] = ts
+            else:
+                self._expire(src, ts)
+        return out
+
+    def derive_columns(
+        self,
+        shape: Shape,
+        values: Values,
+        ts: float,
+        configs: Mapping[str, ModelConfigInfo],
+    ) -> list[Sample]:
+        """Exactly ``derive(shape.snapshot(self.target, ts, values, keep=DERIVED_FROM), configs)``.
+
+        Column-wise: what ``derive`` works out per sample from names and labels (role, model,
+        state key, reason, batch size...) is worked out once per shape (:class:`_Plan`, rebuilt
+        when another shape arrives), and the counter state of the shape's sources is kept as
+        arrays aligned with the plan, so a scrape costs a few numpy operations plus one Python
+        step per accumulator entry, not per sample.  Deltas are summed per accumulator entry
+        in exposition order starting from 0.0 (``np.bincount`` adds in index order), so every
+        value is bit-for-bit the one ``derive`` computes.  Both paths may be mixed freely: the
+        arrays are written back to the dict state as soon as ``derive`` needs it.
+        """
+        plan = self._plan
+        if plan is None or plan.shape is not shape:
+            self._release()
+            plan = self._plan = _Plan(shape)
+        cols = self._cols
+        if cols is None:
+            cols = self._cols = _Columns(plan, self._state)
+            for src in (_METRICS, _STATS):
+                if plan.present[src]:
+                    self._state[src] = {}  # held by cols until released
+
+        accs: list[dict[ModelKey, _Acc]] = [{}, {}]
+        m_values = values[plan.m_idx]
+        finite = np.isfinite(m_values)
+        all_finite = bool(finite.all())
+
+        # Accumulators, in order of their first finite sample, with the fields seen.  Only
+        # finite samples write to one, so those without any stay out of ``accs``.
+        acc_objs = [_Acc() for _ in plan.acc_keys]
+        if all_finite:
+            order: range | list[int] = range(len(acc_objs))
+            for acc, fields in zip(acc_objs, plan.seen_static, strict=True):
+                acc.seen = set(fields)
+        else:
+            order = _first_seen_order(plan.m_acc[finite])
+            for sid in np.unique(plan.m_seen[finite]).tolist():
+                a, fld = plan.seen_keys[sid]
+                acc_objs[a].seen.add(fld)
+        for a in order:
+            src, mkey = plan.acc_keys[a]
+            accs[src][mkey] = acc_objs[a]
+
+        # Gauges: summed over series in exposition order (dict order is never read).
+        if len(plan.g_pos):
+            g_values = m_values[plan.g_pos]
+            g_slot = plan.g_slot
+            if not all_finite:
+                g_finite = finite[plan.g_pos]
+                g_values, g_slot = g_values[g_finite], g_slot[g_finite]
+            n_gauges = len(plan.gauge_keys)
+            g_sums = np.bincount(g_slot, weights=g_values, minlength=n_gauges).tolist()
+            for gid in np.unique(g_slot).tolist():
+                a, key = plan.gauge_keys[gid]
+                acc_objs[a].g[key] = g_sums[gid]
+
+        new_has, new_ts, new_value = self._column_counters(
+            plan, cols, m_values, finite, all_finite, ts, acc_objs
+        )
+
+        gpus: dict[str, dict[str, float]] = {}
+        isfinite = math.isfinite
+        for (gpu, fld), value in zip(plan.gpu_info, values[plan.gpu_idx].tolist(), strict=True):
+            if isfinite(value):
+                gpus.setdefault(gpu, {})[fld] = value
+        energy = [
+            (gpu, skey, value)
+            for (gpu, skey), value in zip(
+                plan.energy_info, values[plan.energy_idx].tolist(), strict=True
+            )
+            if isfinite(value)
+        ]
+        new_energy: _State = {}
+        out = self._outputs(accs, gpus, energy, cols.energy, new_energy, ts, configs)
+
+        if plan.present[_METRICS]:
+            self._kv_bad &= accs[_METRICS].keys()
+        cols.has, cols.ts, cols.value, cols.energy = new_has, new_ts, new_value, new_energy
+        for src in (_METRICS, _STATS):
+            if plan.present[src]:
+                self._last_ts[src] = ts
+            else:
+                self._expire(src, ts)
+        return out
+
+    def _column_counters(
+        self,
+        plan: _Plan,
+        cols: _Columns,
+        m_values: _Floats,
+        finite: _Bools,
+        all_finite: bool,
+        ts: float,
+        acc_objs: list[_Acc],
+    ) -> tuple[_Bools, _Floats, _Floats]:
+        """``derive``'s counter step for a whole plan: adds the deltas, returns the new state."""
+        values = m_values[plan.c_pos]
+        if all_finite and not plan.has_dups:
+            # Every counter entry updates its own state key: without duplicates, c_u is
+            # 0, 1, 2... (keys are numbered in order of first appearance).
+            taken = None
+            u, scale, acc, slot = plan.c_u, plan.c_scale, plan.c_acc, plan.c_slot
+        else:
+            taken = finite[plan.c_pos]
+            if plan.has_dups:
+                # derive() skips a series whose state key an earlier finite one already set.
+                candidates = np.flatnonzero(taken)
+                _, first = np.unique(plan.c_u[candidates], return_index=True)
+                taken = np.zeros(len(values), dtype=np.bool_)
+                taken[candidates[first]] = True
+            values = values[taken]
+            u, scale = plan.c_u[taken], plan.c_scale[taken]
+            acc, slot = plan.c_acc[taken], plan.c_slot[taken]
+
+        had = cols.has[u]
+        prev_ts = cols.ts[u]
+        prev_value = cols.value[u]
+        with np.errstate(all="ignore"):  # Python floats overflow to inf silently too
+            dt = ts - prev_ts
+            not_newer = dt <= 0
+            counts = had & ~not_newer & ~(dt > self.max_gap_s)
+            delta = np.where(values >= prev_value, values - prev_value, values) * scale
+        # Stale or replayed: keep the newer baseline.
+        keep_old = had & not_newer
+        kept_ts = np.where(keep_old, prev_ts, ts)
+        kept_value = np.where(keep_old, prev_value, values)
+        if taken is None:
+            new_has = np.ones(len(u), dtype=np.bool_)
+            new_ts, new_value = kept_ts, kept_value
+        else:
+            n = len(plan.u_keys)
+            new_has = np.zeros(n, dtype=np.bool_)
+            new_ts = np.zeros(n, dtype=np.float64)
+            new_value = np.zeros(n, dtype=np.float64)
+            new_has[u] = True
+            new_ts[u] = kept_ts
+            new_value[u] = kept_value
+
+        everything_counts = taken is None and bool(counts.all())
+        if not everything_counts:
+            if not counts.any():
+                return new_has, new_ts, new_value
+            dt, acc, slot, delta = dt[counts], acc[counts], slot[counts], delta[counts]
+        # acc.dt: the longest interval among the series that gave a delta (fmax: as derive's
+        # `dt > acc.dt`, a NaN never wins).
+        acc_dt = np.zeros(len(acc_objs), dtype=np.float64)
+        np.fmax.at(acc_dt, acc, dt)
+        for acc_obj, acc_obj_dt in zip(acc_objs, acc_dt.tolist(), strict=True):
+            acc_obj.dt = acc_obj_dt  # 0.0, as derive leaves it, where no series gave a delta
+
+        if plan.has_none_slots:
+            summed = slot >= 0
+            slot, delta = slot[summed], delta[summed]
+        n_slots = len(plan.slot_keys)
+        sums = np.bincount(slot, weights=delta, minlength=n_slots).tolist()
+        # Dict insertion order is that of each entry's first delta (it orders failure reasons
+        # in the output and the terms of sum(acc.fail.values())).
+        order: range | list[int] = range(n_slots) if everything_counts else _first_seen_order(slot)
+        slot_keys = plan.slot_keys
+        for sid in order:
+            a, part, name, index = slot_keys[sid]
+            target = acc_objs[a]
+            if part == 0:
+                target.d[name] = sums[sid]
+            elif part == 1:
+                target.fail[name] = sums[sid]
+            elif part == 2:
+                target.batch_exec[index] = sums[sid]
+            elif part == 3:
+                target.resp_s[index] = sums[sid]
+            else:
+                target.resp_count[index] = sums[sid]
+        return new_has, new_ts, new_value
+
+    def _release_for(self, snap: Snapshot) -> None:
+        """Hand the column state back to the dicts if ``derive(snap)`` would read or drop it."""
+        cols = self._cols
+        assert cols is not None
+        present = [False, False]
+        for family in snap.families:
+            present[_STATS if family.name.startswith("triton_stats_") else _METRICS] = True
+        for src in (_METRICS, _STATS):
+            last_ts = self._last_ts[src]
+            expires = last_ts is not None and snap.ts - last_ts > self.max_gap_s
+            if cols.plan.present[src] and (present[src] or expires):
+                self._release()
+                return
+
+    def _release(self) -> None:
+        """Write the column state (if any) back to ``self._state``."""
+        cols = self._cols
+        if cols is None:
+            return
+        states = cols.states()
+        for src in (_METRICS, _STATS):
+            if cols.plan.present[src]:
+                self._state[src] = states[src]
+        self._cols = None
+
+    def _expire(self, src: int, ts: float) -> None:
+        """Forget an absent source's state once it is older than ``max_gap_s``."""
+        last_ts = self._last_ts[src]
+        if last_ts is not None and ts - last_ts > self.max_gap_s:
+            # Nothing left in it could ever give a rate again: free it.
+            self._state[src] = {}
+            self._last_ts[src] = None
+
+    def _outputs(
+        self,
+        accs: list[dict[ModelKey, _Acc]],
+        gpus: dict[str, dict[str, float]],
+        energy: list[tuple[str, tuple[str, Labels], float]],
+        energy_prev: _State,
+        energy_new: _State,
+        ts: float,
+        configs: Mapping[str, ModelConfigInfo],
+    ) -> list[Sample]:
+        """The samples of one interval from what a pass gathered (both paths end here)."""
         out: list[Sample] = []
         failed_gpus = self._gpu_slis(gpus, out)
-        energy_delta = self._energy_delta(energy, failed_gpus, new_states, ts)
+        energy_delta = self._energy_delta(energy, failed_gpus, energy_prev, energy_new, ts)
 
         metrics_accs, stats_accs = accs
         inference_delta: float | None = None
@@ -431,19 +904,6 @@ class Deriver:
         energy_per = _ratio(energy_delta, inference_delta)
         if energy_per is not None and energy_delta:
             out.append(Sample("sli:energy_per_inference_joules", (), energy_per))
-
-        if present[_METRICS]:
-            self._kv_bad &= metrics_accs.keys()  # forget models that went away
-        for src in (_METRICS, _STATS):
-            if present[src]:
-                self._state[src] = new_states[src]
-                self._last_ts[src] = ts
-            else:
-                last_ts = self._last_ts[src]
-                if last_ts is not None and ts - last_ts > max_gap:
-                    # Nothing left in it could ever give a rate again: free it.
-                    self._state[src] = {}
-                    self._last_ts[src] = None
         return out
 
     # --- per-GPU -----------------------------------------------------------------------------
@@ -476,7 +936,8 @@ class Deriver:
         self,
         energy: list[tuple[str, tuple[str, Labels], float]],
         failed_gpus: set[str],
-        new_states: list[_State],
+        prev_state: _State,
+        new: _State,
         ts: float,
     ) -> float | None:
         """ΣΔenergy over all GPUs, or None unless every GPU's counter gave a delta.
@@ -487,8 +948,6 @@ class Deriver:
         """
         if not energy:
             return None
-        prev_state = self._state[_METRICS]
-        new = new_states[_METRICS]
         total: float | None = 0.0
         for gpu, skey, value in energy:
             if gpu in failed_gpus:

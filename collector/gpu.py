@@ -7,8 +7,19 @@ series of KIND_GPU model instances.  UUIDs are compared case-insensitively.
 Inputs, each the latest reading:
 
 * ``nvml_samples``: what ``NvmlCollector.collect()`` returned (may be empty: no NVML here);
-* ``triton_samples_by_target``: per Triton target, its raw samples plus the Deriver's SLIs of
-  its latest scrape (``sli:pending_requests``, ``sli:queue_time_seconds``).
+* per Triton target, its raw samples plus the Deriver's SLIs of its latest scrape
+  (``sli:pending_requests``, ``sli:queue_time_seconds``): as ``Sample`` objects
+  (``GpuSliDeriver.derive``), or column-wise as a ``TritonReading`` (``derive_columns``), which
+  is what the collector passes every ``nvml.interval``.
+
+The column-wise join exists because the join needs few of a scrape's series: the DCGM gauges
+and pending-request counts for their values, and otherwise only the labels of the
+``nv_inference_*`` series (which models exist, which GPUs they run on).  Labels do not change
+while a payload's structure does not, so a ``TritonGpuPlan`` finds all of that once per
+structure (``collector.shape.Shape``) and each join then only indexes the value array, instead
+of building and walking a ``Sample`` per series (600,000 of them for 1,000 targets of 600
+series).  ``derive_columns`` returns exactly what ``derive`` returns for the same scrape (the
+differential tests in ``tests/collector/test_gpu_join.py`` hold it so).
 
 Every GPU that either view knows gets the SLIs below (labels ``gpu_uuid``; NVML values win,
 Triton's DCGM values fill in when NVML has none, and a DCGM GPU whose gauges all read 0 is a
@@ -45,11 +56,16 @@ idle one only when the utilization is known too.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import threading
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import numpy as np
 
 from collector.derive import SliSpec
 from collector.nvml import CLOCK_EVENT_REASONS, THROTTLE_REASONS
+from collector.shape import Values
 from schemas.samples import Labels, Sample, label_value, make_labels
 
 _G = ("gpu_uuid",)
@@ -165,8 +181,17 @@ _DCGM_FIELDS = {
 }
 
 
-def _triton_view(samples: Iterable[Sample]) -> _TritonTarget:
-    view = _TritonTarget()
+_PENDING_FAMILY = "nv_inference_pending_request_count"
+# The Deriver's SLIs the join reads, and the field of ``_TritonTarget`` each one fills.
+_SLI_FIELDS = {"sli:pending_requests": "pending_sli", "sli:queue_time_seconds": "queue_time"}
+
+
+def _triton_view(samples: Iterable[Sample], view: _TritonTarget | None = None) -> _TritonTarget:
+    """One target's view of its GPUs and models from its samples (added to ``view``, if given).
+
+    The reference: ``TritonGpuPlan.view`` must return exactly what this returns.
+    """
+    view = _TritonTarget() if view is None else view
     for name, labels, value in samples:
         dcgm_field = _DCGM_FIELDS.get(name)
         if dcgm_field is not None:
@@ -182,7 +207,7 @@ def _triton_view(samples: Iterable[Sample]) -> _TritonTarget:
             if uuid:
                 view.model_gpus.setdefault(model, set()).add(_key(uuid))
                 view.gpus.setdefault(_key(uuid), _Gpu(uuid))
-            if name == "nv_inference_pending_request_count":
+            if name == _PENDING_FAMILY:
                 if uuid:
                     per_gpu = view.pending_by_gpu.setdefault(model, {})
                     per_gpu[_key(uuid)] = per_gpu.get(_key(uuid), 0.0) + value
@@ -203,6 +228,101 @@ def _triton_view(samples: Iterable[Sample]) -> _TritonTarget:
     return view
 
 
+class TritonGpuPlan:
+    """Where the join's inputs sit in one payload structure: ``_triton_view`` without samples.
+
+    Built once from a shape's ``names`` and ``labels`` (one entry per series, aligned with the
+    value arrays read against it), it keeps what ``_triton_view`` takes from labels alone (the
+    GPUs with their UUID as first spelt, the models, which GPUs each runs on) and the positions
+    of the series it reads values from: the DCGM gauges, the pending-request counts and any raw
+    ``sli:pending_requests``/``sli:queue_time_seconds`` series.  ``view(values)`` then only
+    indexes ``values`` with those positions.  Immutable by convention.
+    """
+
+    __slots__ = ("_dcgm", "_gpus", "_model_gpus", "_models", "_pending", "_positions", "_sli",
+                 "size")
+
+    def __init__(self, names: Sequence[str], labels: Sequence[Labels]) -> None:
+        if len(names) != len(labels):
+            raise ValueError(f"{len(names)} series names but {len(labels)} label sets")
+        gpus: dict[str, str] = {}  # key -> UUID as first spelt, in first-seen order
+        models: set[ModelKey] = set()
+        model_gpus: dict[ModelKey, set[str]] = {}
+        dcgm: list[tuple[int, str, str]] = []  # (position, gpu key, _Gpu field)
+        pending: list[tuple[int, ModelKey, str]] = []  # (position, model, gpu key or "")
+        sli: list[tuple[int, str, ModelKey]] = []  # (position, _TritonTarget field, model)
+        # The same walk, branch for branch, as _triton_view, less what depends on values.
+        for i, (name, lbls) in enumerate(zip(names, labels, strict=True)):
+            dcgm_field = _DCGM_FIELDS.get(name)
+            if dcgm_field is not None:
+                uuid = label_value(lbls, "gpu_uuid")
+                if uuid:
+                    gpus.setdefault(_key(uuid), uuid)
+                    dcgm.append((i, _key(uuid), dcgm_field))
+                continue
+            if name.startswith(_MODEL_FAMILY_PREFIX) and label_value(lbls, "model"):
+                model = _model_key(lbls)
+                models.add(model)
+                uuid = label_value(lbls, "gpu_uuid")
+                if uuid:
+                    model_gpus.setdefault(model, set()).add(_key(uuid))
+                    gpus.setdefault(_key(uuid), uuid)
+                if name == _PENDING_FAMILY:
+                    pending.append((i, model, _key(uuid) if uuid else ""))
+            elif name in _SLI_FIELDS:
+                model = _model_key(lbls)
+                models.add(model)
+                sli.append((i, _SLI_FIELDS[name], model))
+        self.size = len(names)
+        self._gpus = tuple(gpus.items())
+        self._models = frozenset(models)
+        self._model_gpus = {m: frozenset(g) for m, g in model_gpus.items()}
+        self._dcgm = tuple((k, f) for _, k, f in dcgm)
+        self._pending = tuple((m, k) for _, m, k in pending)
+        self._sli = tuple((f, m) for _, f, m in sli)
+        self._positions = np.array(
+            [i for i, *_ in dcgm] + [i for i, *_ in pending] + [i for i, *_ in sli], np.intp
+        )
+
+    def view(self, values: Values, derived: Iterable[Sample] = ()) -> _TritonTarget:
+        """``_triton_view`` of the series with ``values``, then of ``derived``."""
+        if len(values) != self.size:
+            raise ValueError(f"{len(values)} values for a payload of {self.size} series")
+        read = values[self._positions].tolist()  # Python floats, as Shape.samples gives
+        n_dcgm, n_pending = len(self._dcgm), len(self._pending)
+        gpus = {k: _Gpu(uuid) for k, uuid in self._gpus}
+        view = _TritonTarget(
+            gpus=gpus, model_gpus={m: set(g) for m, g in self._model_gpus.items()},
+            models=set(self._models),
+        )
+        # Each kind in exposition order, as _triton_view meets them: the last reading of a
+        # gauge wins, and sums add up in the same order (so NaN and -0.0 come out the same).
+        for (k, dcgm_field), value in zip(self._dcgm, read[:n_dcgm], strict=True):
+            setattr(gpus[k], dcgm_field, value)
+        for (model, k), value in zip(self._pending, read[n_dcgm:n_dcgm + n_pending],
+                                     strict=True):
+            if k:
+                per_gpu = view.pending_by_gpu.setdefault(model, {})
+                per_gpu[k] = per_gpu.get(k, 0.0) + value
+            else:
+                view.pending_raw[model] = view.pending_raw.get(model, 0.0) + value
+        for (sli_field, model), value in zip(self._sli, read[n_dcgm + n_pending:], strict=True):
+            getattr(view, sli_field)[model] = value
+        return _triton_view(derived, view)
+
+
+#: The plan of a target with no scrape to join (never scraped, or down).
+EMPTY_PLAN = TritonGpuPlan((), ())
+
+
+class TritonReading(NamedTuple):
+    """One target's latest scrape, column-wise, as ``GpuSliDeriver.derive_columns`` takes it."""
+
+    plan: TritonGpuPlan  # built from the shape ``values`` were read against
+    values: Values
+    derived: Sequence[Sample]  # the Deriver's SLIs of the same scrape
+
+
 class GpuSliDeriver:
     """Joins NVML and Triton per GPU; remembers queue times so it can tell "rising"."""
 
@@ -211,15 +331,35 @@ class GpuSliDeriver:
         self.idle_utilization_below = idle_utilization_below
         self.queue_time_rise_min_s = queue_time_rise_min_s
         self._previous_queue_time: dict[tuple[str, ModelKey], float] = {}
+        # The queue-time history makes a join read-modify-write: one join at a time.
+        self._lock = threading.Lock()
 
     def derive(
         self,
         nvml_samples: Iterable[Sample],
         triton_samples_by_target: Mapping[str, Iterable[Sample]],
     ) -> list[Sample]:
-        nvml = _nvml_view(nvml_samples)
+        """The GPU SLIs, from each Triton target's samples (raw plus derived)."""
         targets = {name: _triton_view(s) for name, s in triton_samples_by_target.items()}
+        return self._join(_nvml_view(nvml_samples), targets)
 
+    def derive_columns(
+        self,
+        nvml_samples: Iterable[Sample],
+        readings: Mapping[str, TritonReading],
+    ) -> list[Sample]:
+        """The GPU SLIs, from each Triton target's column-wise scrape; same result as
+        ``derive`` with ``plan``'s shape's samples of ``values`` plus ``derived``."""
+        targets = {name: r.plan.view(r.values, r.derived) for name, r in readings.items()}
+        return self._join(_nvml_view(nvml_samples), targets)
+
+    def _join(self, nvml: dict[str, _Gpu], targets: dict[str, _TritonTarget]) -> list[Sample]:
+        with self._lock:
+            return self._join_locked(nvml, targets)
+
+    def _join_locked(
+        self, nvml: dict[str, _Gpu], targets: dict[str, _TritonTarget]
+    ) -> list[Sample]:
         # Merge: NVML's readings first, DCGM's fill in what NVML lacks.
         merged: dict[str, _Gpu] = {k: _Gpu(g.uuid, g.util, g.mem_used, g.mem_total, g.power,
                                            g.power_limit, g.reasons) for k, g in nvml.items()}

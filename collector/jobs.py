@@ -36,8 +36,8 @@ from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_MISSED, JobExecutionEv
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from collector.derive import DERIVED_FROM, Deriver
-from collector.gpu import GpuSliDeriver
+from collector.derive import Deriver
+from collector.gpu import EMPTY_PLAN, GpuSliDeriver, TritonGpuPlan, TritonReading
 from collector.nvml import NvmlCollector
 from collector.parse import ParseError
 from collector.probes.runner import ProbeRunner, resolve_url
@@ -159,8 +159,14 @@ class TargetState:
         # The shape the next payload is read against (collector.shape).
         self.shape: Shape | None = None
         # The last good scrape, column-wise (no per-sample objects kept), as one attribute:
-        # the GPU join reads it on the event loop while a worker thread may be replacing it.
-        self.last_scrape: tuple[Shape, Values] | None = None
+        # the GPU join reads it in one worker thread while a scrape may be replacing it in
+        # another.
+        # Its derived SLIs travel in the same tuple, so the join never pairs one scrape's values
+        # with another's SLIs.
+        self.last_scrape: tuple[Shape, Values, list[Sample]] | None = None
+        # What the GPU join reads from a payload of the shape, found once per shape (only the
+        # nvml job, one run at a time, touches it).
+        self._gpu_plan: tuple[Shape | None, TritonGpuPlan] = (None, EMPTY_PLAN)
         # The shape's label tuples with the target's labels added, built once per shape.
         self._labeled: tuple[Shape | None, list[Labels]] = (None, [])
         # Model configs as last written to the store: only changed ones are written again.
@@ -168,12 +174,27 @@ class TargetState:
 
     @property
     def latest_raw(self) -> list[Sample]:
-        """The raw samples of the last successful scrape (built on demand, for the GPU join)."""
+        """The raw samples of the last successful scrape, built on demand: one object per
+        series, so not for anything that runs every interval (the GPU join uses
+        ``gpu_reading``)."""
         last = self.last_scrape
         if last is None:
             return []  # never scraped, or down since (forget_scrape)
-        shape, values = last
+        shape, values, _ = last
         return shape.samples(values)
+
+    def gpu_reading(self) -> TritonReading:
+        """The last successful scrape as the GPU join reads it: its values, through a plan
+        built once per shape, and its derived SLIs.  Empty while there is none."""
+        last = self.last_scrape  # read once: a scrape may replace it meanwhile
+        if last is None:
+            return TritonReading(EMPTY_PLAN, np.empty(0, np.float64), [])
+        shape, values, derived = last
+        cached, plan = self._gpu_plan
+        if cached is not shape:  # a new structure: the old plan (and shape) is dropped
+            plan = TritonGpuPlan(shape.names, shape.labels)
+            self._gpu_plan = (shape, plan)
+        return TritonReading(plan, values, derived)
 
     def forget_scrape(self) -> None:
         """The target is down: its last scrape no longer describes it."""
@@ -295,16 +316,15 @@ class Collector:
         """Parse, derive and buffer one scrape; runs in a worker thread.
 
         Column-wise end to end: the payload is read as one value array against the target's
-        shape (collector.shape), the deriver sees only the families it reads, and the store
-        gets the shape's own name and label lists, so the steady state builds no per-sample
-        objects for the raw series.
+        shape (collector.shape), the deriver reads it through a plan built once per shape
+        (``Deriver.derive_columns``), and the store gets the shape's own name and label lists,
+        so the steady state builds no per-sample objects for the raw series.
         """
         target = state.config
         shape, values = parse_columns(text, state.shape)
-        snap = shape.snapshot(target.name, now, values, keep=DERIVED_FROM)
         with state.derive_lock:
-            derived = state.deriver.derive(snap, state.configs)
-        state.shape, state.last_scrape, state.latest = shape, (shape, values), derived
+            derived = state.deriver.derive_columns(shape, values, now, state.configs)
+        state.shape, state.last_scrape, state.latest = shape, (shape, values, derived), derived
         health = TargetHealth(
             target.name, "metrics", now, True, time.perf_counter() - start, len(values)
         )
@@ -414,11 +434,18 @@ class Collector:
         """
         if self.nvml is None or self.gpu_deriver is None:
             raise ValueError("NVML is disabled in the configuration")
-        samples, health = await asyncio.to_thread(self.nvml.collect)
-        triton = {name: st.latest_raw + st.latest for name, st in self.targets.items()}
-        samples = samples + self.gpu_deriver.derive(samples, triton)
-        await asyncio.to_thread(self.store.write, health.target, health.ts, samples)
+        # Off the event loop, in one hop: the join reads every target's last scrape and
+        # would otherwise hold every scrape while it runs.
+        health = await asyncio.to_thread(self._read_nvml, self.nvml, self.gpu_deriver)
         await self._record(health)
+        return health
+
+    def _read_nvml(self, nvml: NvmlCollector, deriver: GpuSliDeriver) -> TargetHealth:
+        """NVML, the join and the store write; runs in a worker thread."""
+        samples, health = nvml.collect()
+        readings = {name: st.gpu_reading() for name, st in self.targets.items()}
+        samples = samples + deriver.derive_columns(samples, readings)
+        self.store.write(health.target, health.ts, samples)
         return health
 
     async def run_probe(self, name: str) -> list[ProbeResult]:

@@ -1,0 +1,409 @@
+"""Differential tests: the column-wise GPU join (``TritonGpuPlan``) sees what the sample walk does.
+
+``TritonGpuPlan(shape.names, shape.labels).view(values, derived)`` must equal the view the join
+built before plans existed, ``_triton_view(shape.samples(values) + derived)`` (kept here
+verbatim as ``view_before``), and ``GpuSliDeriver.derive_columns`` must return exactly what
+``derive`` returns for the same scrapes, run after run.  Checked over every recorded payload,
+generated Triton payloads, values the join must carry through (NaN, infinities, -0.0, DCGM
+gauges that all read 0), targets without GPUs, hypothesis-generated series, and targets whose
+payload structure changes between runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import threading
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from bench.payloads import triton_payload
+from collector.derive import DERIVED_FROM, Deriver
+from collector.gpu import (
+    _DCGM_FIELDS,
+    _MODEL_FAMILY_PREFIX,
+    EMPTY_PLAN,
+    GpuSliDeriver,
+    TritonGpuPlan,
+    TritonReading,
+    _Gpu,
+    _key,
+    _model_key,
+    _triton_view,
+    _TritonTarget,
+)
+from collector.jobs import Collector
+from collector.shape import Shape, parse_columns
+from schemas.config import validate_config
+from schemas.samples import Sample, TargetHealth, label_value, make_labels
+from tests.collector.test_parse import ALL_PROM, FIXTURES, PAYLOAD_SHAPES, read
+
+A = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
+
+
+def view_before(samples: Iterable[Sample]) -> _TritonTarget:
+    """``collector.gpu._triton_view`` as it was before plans, verbatim: the oracle."""
+    view = _TritonTarget()
+    for name, labels, value in samples:
+        dcgm_field = _DCGM_FIELDS.get(name)
+        if dcgm_field is not None:
+            uuid = label_value(labels, "gpu_uuid")
+            if uuid:
+                gpu = view.gpus.setdefault(_key(uuid), _Gpu(uuid))
+                setattr(gpu, dcgm_field, value)
+            continue
+        if name.startswith(_MODEL_FAMILY_PREFIX) and label_value(labels, "model"):
+            model = _model_key(labels)
+            view.models.add(model)
+            uuid = label_value(labels, "gpu_uuid")
+            if uuid:
+                view.model_gpus.setdefault(model, set()).add(_key(uuid))
+                view.gpus.setdefault(_key(uuid), _Gpu(uuid))
+            if name == "nv_inference_pending_request_count":
+                if uuid:
+                    per_gpu = view.pending_by_gpu.setdefault(model, {})
+                    per_gpu[_key(uuid)] = per_gpu.get(_key(uuid), 0.0) + value
+                else:
+                    view.pending_raw[model] = view.pending_raw.get(model, 0.0) + value
+        elif name == "sli:pending_requests":
+            model = _model_key(labels)
+            view.models.add(model)
+            view.pending_sli[model] = value
+        elif name == "sli:queue_time_seconds":
+            model = _model_key(labels)
+            view.models.add(model)
+            view.queue_time[model] = value
+    # DCGM reports a failed read as 0 for every gauge: unknown, not idle.
+    for k, gpu in list(view.gpus.items()):
+        if not any((gpu.util, gpu.mem_used, gpu.power)):
+            view.gpus[k] = _Gpu(gpu.uuid)
+    return view
+
+
+def canon_view(view: _TritonTarget) -> tuple[object, ...]:
+    """Everything in a view, order included where it is a dict's, floats by repr (so NaN
+    equals NaN, -0.0 differs from 0.0 and a numpy scalar differs from a Python float)."""
+
+    def floats(d: Mapping[Any, float]) -> list[tuple[object, str]]:
+        return [(k, repr(v)) for k, v in d.items()]
+
+    return (
+        [(k, g.uuid, *map(repr, (g.util, g.mem_used, g.mem_total, g.power, g.power_limit)),
+          g.reasons) for k, g in view.gpus.items()],
+        sorted(view.models),
+        [(m, sorted(g)) for m, g in view.model_gpus.items()],
+        [(m, floats(d)) for m, d in view.pending_by_gpu.items()],
+        floats(view.pending_raw),
+        floats(view.pending_sli),
+        floats(view.queue_time),
+    )
+
+
+def canon_samples(samples: list[Sample]) -> list[tuple[str, object, str]]:
+    return [(s.name, s.labels, repr(s.value)) for s in samples]
+
+
+def nvml_for(uuids: Iterable[str]) -> list[Sample]:
+    """NVML readings for some of the GPUs (so NVML-wins and DCGM-fills-in both happen)."""
+    out = []
+    for i, uuid in enumerate(sorted(uuids)[::2]):
+        g = make_labels({"gpu_uuid": uuid.upper(), "index": str(i)})
+        out += [Sample("nvml_gpu_up", g, 1.0), Sample("nvml_gpu_utilization_ratio", g, 0.05),
+                Sample("nvml_gpu_memory_used_bytes", g, 1e9),
+                Sample("nvml_gpu_memory_total_bytes", g, 8e10)]
+    return out
+
+
+def assert_join_matches(shape: Shape, values: np.ndarray, derived: list[Sample]) -> None:
+    """The plan's view and the column-wise join equal the sample walk's, for one scrape."""
+    plan = TritonGpuPlan(shape.names, shape.labels)
+    samples = shape.samples(values) + derived
+    expected = view_before(samples)
+    assert canon_view(plan.view(values, derived)) == canon_view(expected)
+    assert canon_view(_triton_view(samples)) == canon_view(expected)
+    nvml = nvml_for(expected.gpus)
+    columns = GpuSliDeriver().derive_columns(nvml, {"t": TritonReading(plan, values, derived)})
+    assert canon_samples(columns) == canon_samples(GpuSliDeriver().derive(nvml, {"t": samples}))
+
+
+def perturbed(shape: Shape, values: np.ndarray, seed: int) -> np.ndarray:
+    """``values`` with odd readings where the join reads values, and one GPU's DCGM gauges
+    all at 0 (a failed read)."""
+    rng = random.Random(seed)
+    odd = [math.nan, math.inf, -math.inf, -0.0, 0.0, 1e-300, 7.0]
+    out = values.copy()
+    for i, name in enumerate(shape.names):
+        if name.startswith("nv_gpu_") or name.startswith("sli:") or "pending" in name:
+            if rng.random() < 0.5:
+                out[i] = rng.choice(odd)
+    uuids = [label_value(lbl, "gpu_uuid") for lbl in shape.labels]
+    first = next((u for n, u in zip(shape.names, uuids, strict=True) if n in _DCGM_FIELDS and u),
+                 None)
+    for i, (name, uuid) in enumerate(zip(shape.names, uuids, strict=True)):
+        if name in _DCGM_FIELDS and uuid == first:
+            out[i] = 0.0
+    return out
+
+
+def scrape_pair(first: str, second: str) -> tuple[Shape, np.ndarray, list[Sample]]:
+    """The second of two consecutive scrapes and the Deriver's SLIs of it (rates included)."""
+    deriver = Deriver("t")
+    shape = None
+    derived: list[Sample] = []
+    values = np.empty(0)
+    for ts, text in ((1000.0, first), (1015.0, second)):
+        shape, values = parse_columns(text, shape)
+        derived = deriver.derive(shape.snapshot("t", ts, values, keep=DERIVED_FROM), {})
+    assert shape is not None
+    return shape, values, derived
+
+
+# --------------------------------------------------------------------------------------------
+# Recorded and generated payloads
+
+
+@pytest.mark.parametrize("path", ALL_PROM, ids=lambda p: p.name)
+def test_every_fixture_joins_like_the_sample_walk(path):
+    text = read(path)
+    shape, values, derived = scrape_pair(text, text)
+    assert_join_matches(shape, values, derived)
+    assert_join_matches(shape, values, [])
+    assert_join_matches(shape, perturbed(shape, values, seed=1), derived)
+
+
+def test_rig_captures_under_load_join_like_the_sample_walk():
+    rig = FIXTURES / "rig"
+    shape, values, derived = scrape_pair(read(rig / "metrics-load-1.prom"),
+                                         read(rig / "metrics-load-2.prom"))
+    assert any(s.name == "sli:pending_requests" for s in derived)
+    assert_join_matches(shape, values, derived)
+    assert_join_matches(shape, perturbed(shape, values, seed=2), derived)
+
+
+@pytest.mark.parametrize("kwargs", PAYLOAD_SHAPES, ids=repr)
+def test_generated_payloads_join_like_the_sample_walk(kwargs):
+    step = kwargs.get("step", 0)
+    shape, values, derived = scrape_pair(triton_payload(**kwargs),
+                                         triton_payload(**{**kwargs, "step": step + 1}))
+    assert_join_matches(shape, values, derived)
+    for seed in range(3):
+        assert_join_matches(shape, perturbed(shape, values, seed), derived)
+
+
+def test_a_target_without_a_scrape_joins_only_its_derived_slis():
+    derived = [Sample("sli:queue_time_seconds", make_labels({"model": "m", "version": "1"}), 0.1)]
+    view = EMPTY_PLAN.view(np.empty(0), derived)
+    assert canon_view(view) == canon_view(view_before(derived))
+
+
+def test_values_of_another_structure_are_refused():
+    shape, values = parse_columns(triton_payload(models=2, gpus=1))
+    plan = TritonGpuPlan(shape.names, shape.labels)
+    with pytest.raises(ValueError, match=f"{len(values) - 1} values for a payload of"):
+        plan.view(values[:-1])
+
+
+# --------------------------------------------------------------------------------------------
+# Generated series: per-GPU pending counts, UUID spellings, raw sli:* series, odd values
+
+_NAMES = (*_DCGM_FIELDS, "nv_energy_consumption", "nv_inference_pending_request_count",
+          "nv_inference_request_success", "nv_inference_queue_duration_us",
+          "sli:pending_requests", "sli:queue_time_seconds", "nv_cpu_utilization")
+_VALUES = st.one_of(
+    st.sampled_from([0.0, -0.0, 1.0, 0.5, 3.0, math.nan, math.inf, -math.inf]),
+    st.floats(allow_nan=True, allow_infinity=True),
+)
+_LABELS = st.builds(
+    lambda uuid, model, version, namespace: make_labels(
+        {k: v for k, v in (("gpu_uuid", uuid), ("model", model), ("version", version),
+                           ("namespace", namespace)) if v is not None}
+    ),
+    st.sampled_from([None, "", A, A.lower(), " GPU-b ", "GPU-B", "MIG-c"]),
+    st.sampled_from([None, "", "m", "n"]),
+    st.sampled_from([None, "1", "2"]),
+    st.sampled_from([None, "", "team"]),
+)
+_SAMPLES = st.lists(st.builds(Sample, st.sampled_from(_NAMES), _LABELS, _VALUES), max_size=40)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(raw=_SAMPLES, derived=_SAMPLES)
+def test_generated_series_join_like_the_sample_walk(raw, derived):
+    names = [s.name for s in raw]
+    labels = [s.labels for s in raw]
+    values = np.array([s.value for s in raw], np.float64)
+    plan = TritonGpuPlan(names, labels)
+    samples = [Sample(n, lbl, v) for n, lbl, v in zip(names, labels, values.tolist(),
+                                                       strict=True)]
+    expected = view_before(samples + derived)
+    assert canon_view(plan.view(values, derived)) == canon_view(expected)
+    nvml = nvml_for(k.upper() for k in expected.gpus)
+    columns = GpuSliDeriver().derive_columns(nvml, {"t": TritonReading(plan, values, derived)})
+    assert canon_samples(columns) == canon_samples(
+        GpuSliDeriver().derive(nvml, {"t": samples + derived}))
+
+
+# --------------------------------------------------------------------------------------------
+# Through the collector: plans per shape, shape changes, targets going down
+
+
+class Scripted:
+    """/metrics of several targets, each answering its next scripted body (None: down)."""
+
+    def __init__(self, bodies: dict[str, list[str | None]]) -> None:
+        self.bodies = bodies
+        self.step = 0
+
+    def handler(self, request: httpx.Request) -> httpx.Response:
+        body = self.bodies[request.url.host][self.step]
+        if body is None:
+            raise httpx.ConnectError("refused", request=request)
+        return httpx.Response(200, text=body)
+
+
+class FakeNvml:
+    def __init__(self, samples: list[Sample]) -> None:
+        self.samples = samples
+
+    def collect(self) -> tuple[list[Sample], TargetHealth]:
+        return self.samples, TargetHealth("h", "nvml", 1000.0, True, 0.0, len(self.samples))
+
+    def close(self) -> None:
+        pass
+
+
+def test_collector_joins_like_the_sample_walk_across_shape_changes_and_outages(store):
+    p = triton_payload
+    # triton_payload reorders series inside families per step: every step is a new shape,
+    # except where a body repeats.
+    bodies: dict[str, list[str | None]] = {
+        "changing": [p(models=3, gpus=2, step=0), p(models=3, gpus=2, step=0),
+                     p(models=3, gpus=2, step=0), p(models=3, gpus=2, step=1),
+                     p(models=5, gpus=3, seed=4), None, p(models=2, gpus=0),
+                     p(models=3, gpus=2, step=2), p(models=3, gpus=2, step=2),
+                     p(models=3, gpus=2, step=2)],
+        "steady": [p(models=4, gpus=2, seed=9)] * 10,
+        "cpu": [p(models=3, gpus=0, seed=2, step=i) for i in range(10)],
+    }
+    config = validate_config({
+        "nvml": {"enabled": True, "host": "h"},
+        "targets": [{"name": n, "metrics_url": f"http://{n}/metrics"} for n in bodies],
+    })
+    script = Scripted(bodies)
+    now = [1000.0]
+    collector = Collector(config, store, clock=lambda: now[0],
+                          client=httpx.AsyncClient(transport=httpx.MockTransport(script.handler)))
+    uuids = {label_value(lbl, "gpu_uuid") for body in bodies["changing"] if body
+             for lbl in parse_columns(body)[0].labels} - {""}
+    collector.nvml = FakeNvml(nvml_for(uuids))  # type: ignore[assignment]
+    reference = GpuSliDeriver()  # fed the sample walk, in lockstep with the collector's
+    joined: list[list[Sample]] = []
+
+    async def go() -> list[TritonGpuPlan]:
+        plans = []
+        for step in range(len(bodies["changing"])):
+            script.step = step
+            for name in bodies:
+                await collector.scrape(name)
+            await collector.read_nvml()
+            plans.append(collector.targets["changing"]._gpu_plan[1])
+            now[0] += 15
+        await collector.close()
+        return plans
+
+    real = collector.gpu_deriver
+    assert real is not None
+
+    def spy(nvml, readings):
+        out = real_derive_columns(nvml, readings)
+        triton = {n: st.latest_raw + st.latest for n, st in collector.targets.items()}
+        assert canon_samples(out) == canon_samples(reference.derive(nvml, triton))
+        joined.append(out)
+        return out
+
+    real_derive_columns = real.derive_columns
+    real.derive_columns = spy  # type: ignore[method-assign]
+    plans = asyncio.run(go())
+    assert len(joined) == len(bodies["changing"])
+    # One plan per shape: a first scrape's shape is replaced by a settled one when the
+    # structure repeats (collector.shape), which later scrapes reuse; every new structure gets
+    # a new plan, and an outage keeps the last (its shape may come back).
+    assert plans[2] is plans[1] and plans[9] is plans[8] and plans[5] is plans[4]
+    assert len({id(x) for x in plans}) == 7
+    # While "changing" was down it was joined as having no scrape at all.
+    down = joined[5]
+    assert not any(label_value(s.labels, "triton_target") == "changing" for s in down)
+    assert any(label_value(s.labels, "triton_target") == "changing" for s in joined[4])
+
+
+def test_the_join_runs_in_a_worker_thread_not_on_the_event_loop(store):
+    body = triton_payload(models=2, gpus=1)
+    config = validate_config({"nvml": {"enabled": True, "host": "h"},
+                              "targets": [{"name": "a", "metrics_url": "http://a/metrics"}]})
+    collector = Collector(config, store, clock=lambda: 1000.0, client=httpx.AsyncClient(
+        transport=httpx.MockTransport(lambda request: httpx.Response(200, text=body))))
+    collector.nvml = FakeNvml([])  # type: ignore[assignment]
+    deriver = collector.gpu_deriver
+    assert deriver is not None
+    seen = []
+    join = deriver.derive_columns
+
+    def spy(nvml, readings):
+        try:
+            asyncio.get_running_loop()
+            seen.append("event loop")
+        except RuntimeError:
+            seen.append(threading.current_thread().name)
+        return join(nvml, readings)
+
+    deriver.derive_columns = spy  # type: ignore[method-assign]
+
+    async def go():
+        await collector.scrape("a")
+        await collector.read_nvml()
+        await collector.close()
+
+    asyncio.run(go())
+    assert len(seen) == 1 and seen[0] != "event loop"
+    store.flush()
+    assert store.range("sli:gpu_utilization_ratio", start=0, end=2000)
+
+
+def test_a_scrape_replacing_the_last_scrape_meanwhile_never_mismatches_plan_and_values(store):
+    config = validate_config({"targets": [{"name": "a", "metrics_url": "http://a/metrics"}]})
+    state = Collector(config, store).targets["a"]
+    scrapes: list[tuple[tuple[Shape, np.ndarray, list[Sample]], Any]] = []
+    for i, body in enumerate(
+        (triton_payload(models=2, gpus=1), triton_payload(models=4, gpus=3, seed=5))
+    ):
+        shape, values = parse_columns(body)
+        # Each scrape's derived SLIs name it: the reading must never mix two scrapes.
+        derived = [Sample("sli:scrape", (), float(i))]
+        scrapes.append(((shape, values, derived), canon_view(view_before(shape.samples(values)))))
+    expected = {repr(c): float(i) for i, (_, c) in enumerate(scrapes)}
+    stop = threading.Event()
+
+    def scraper() -> None:
+        i = 0
+        while not stop.is_set():
+            state.last_scrape = scrapes[i % 2][0]
+            i += 1
+
+    thread = threading.Thread(target=scraper)
+    thread.start()
+    try:
+        for _ in range(300):
+            reading = state.gpu_reading()
+            seen = repr(canon_view(reading.plan.view(reading.values)))
+            assert seen in expected
+            assert [s.value for s in reading.derived] == [expected[seen]]
+    finally:
+        stop.set()
+        thread.join()
