@@ -4,7 +4,8 @@
 rule (alertname)                what it flags, thresholds, timings
 =============================== ===================================================================
 ``batch_fill_rate_regression``  ``sli:batch_fill_rate`` down >= 20 % (median of the last 15 min vs
-(BatchFillRateRegression)       the same hours last week, else the 4 h before; robust z >= 4 and
+(BatchFillRateRegression)       the same hours last week, else the 4 h before, both aligned to
+                                5-minute boundaries (see detect.py); robust z >= 4 and
                                 Mann-Whitney p <= 0.001) at comparable load (request rate within
                                 ±15 %: fill rate follows load). for 5 min, keep firing 15 min.
                                 severity=warning
@@ -12,7 +13,8 @@ rule (alertname)                what it flags, thresholds, timings
 (KVCacheSaturation)             for 10 min, keep firing 5 min. severity=warning
 ``kv_cache_exhaustion_forecast`` a least-squares line through the last 30 min of
 (KVCacheExhaustionForecast)     ``sli:kv_cache_utilization`` (1 min means, >= 10 of them, slope
-                                t-statistic >= 3) reaches 100 % within 30 min while below it now.
+                                t-statistic >= 3; whole buckets only) reaches 100 % within
+                                30 min while below it now.
                                 for 5 min, keep firing 10 min. severity=warning
 ``kv_cache_regression``         ``sli:kv_cache_utilization`` up >= 20 % (same test as fill rate,
 (KVCacheRegression)             baseline level above 5 %) at comparable load (request rate within
@@ -51,7 +53,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -63,8 +65,8 @@ from alerts.detect import (
     fmt_change,
     fmt_duration,
     fmt_value,
-    group_points,
 )
+from alerts.history import QUANTUM_S, RecentBuckets, ceil_to, floor_to
 from alerts.model import Rule
 from schemas.alerts import AlertCandidate
 from schemas.regressions import (
@@ -77,7 +79,7 @@ from schemas.regressions import (
 from schemas.samples import Labels, make_labels
 
 if TYPE_CHECKING:
-    from store import Store
+    from store import SeriesData, Store
 
 _MODEL = ("model", "version")
 _ALERTNAMES = {
@@ -225,7 +227,12 @@ class KvCacheSaturationRule:
 
 @dataclass
 class KvCacheForecastRule:
-    """Linear trend of ``sli:kv_cache_utilization`` reaches ``threshold`` within ``horizon``."""
+    """Linear trend of ``sli:kv_cache_utilization`` reaches ``threshold`` within ``horizon``.
+
+    The fit takes the whole ``step`` buckets starting in ``[now - window, now]`` (the one cut
+    by the window's start is left out).  Buckets before the last 5-minute grid line at least
+    2 min old are kept between evaluations and read once; the fit itself is recomputed.
+    """
 
     name: str = "kv_cache_exhaustion_forecast"
     for_s: float = 300.0
@@ -237,16 +244,27 @@ class KvCacheForecastRule:
     min_points: int = 10
     min_t: float = 3.0
 
+    # Whole buckets of the window up to a 5-minute grid line at least 2 min old are kept
+    # between evaluations (each read once); only the rest is read on every evaluation.
+    _recent: RecentBuckets | None = field(default=None, init=False, repr=False, compare=False)
+
+    def _points(self, store: Store, now: float) -> dict[tuple[str, Labels], tuple[Any, Any]]:
+        """Per model: bucket starts (relative to ``now``) and means, oldest first."""
+        if self._recent is None or self._recent.history.step != self.step:
+            self._recent = RecentBuckets("sli:kv_cache_utilization", step=self.step, by=_MODEL)
+        stamps, groups = self._recent.read(store, now - self.window, now)
+        out: dict[tuple[str, Labels], tuple[Any, Any]] = {}
+        for key, arr in groups.items():
+            ok = ~np.isnan(arr)
+            out[key] = (stamps[ok] - now, arr[ok])
+        return out
+
     def evaluate(self, store: Store, now: float) -> list[AlertCandidate]:
         out: list[AlertCandidate] = []
-        data = store.buckets("sli:kv_cache_utilization", start=now - self.window, end=now,
-                             step=self.step, agg="avg")
-        for (target, labels), points in sorted(group_points(data, _MODEL).items()):
-            if len(points) < self.min_points:
+        for (target, labels), (t, y) in sorted(self._points(store, now).items()):
+            if len(y) < self.min_points:
                 continue
-            t = np.array(sorted(points), dtype=float)
-            y = np.array([points[x] for x in sorted(points)], dtype=float)
-            t = t + self.step / 2 - now  # bucket midpoints, seconds relative to now
+            t = t + self.step / 2  # bucket midpoints, seconds relative to now
             tm, ym = t.mean(), y.mean()
             sxx = float(((t - tm) ** 2).sum())
             if sxx <= 0:
@@ -348,9 +366,51 @@ class GpuIdleWhileQueuedRule:
                               make_labels(ann), share)
 
 
+def _sums_counts(
+    store: Store, name: str, lo: float, hi: float, by: tuple[str, ...]
+) -> dict[tuple[str, Labels], list[float]]:
+    """Per group (target, ``by`` labels): ``[sum, count]`` of the finite samples with
+    ``lo <= ts <= hi``, from 5-minute ``sum`` and ``count`` buckets.
+
+    For a window on the 5-minute grid these come from the 5-minute rollup up to its watermark
+    (raw after it) instead of every raw sample of the window.  A series with a non-finite
+    bucket sum (a NaN or infinite sample: the bucket cannot tell its finite samples apart) is
+    read raw instead.
+    """
+    acc: dict[tuple[str, Labels], list[float]] = {}
+
+    def add(sd: SeriesData, total: float, n: float) -> None:
+        lbl = dict(sd.labels)
+        a = acc.setdefault((sd.target, make_labels({k: lbl[k] for k in by if k in lbl})),
+                           [0.0, 0.0])
+        a[0] += total
+        a[1] += n
+
+    counts = {sd.key: sd.values for sd in store.buckets(name, start=lo, end=hi,
+                                                        step=QUANTUM_S, agg="count")}
+    for sd in store.buckets(name, start=lo, end=hi, step=QUANTUM_S, agg="sum"):
+        total = math.fsum(sd.values)
+        if math.isfinite(total):
+            add(sd, total, sum(counts.get(sd.key, ())))
+            continue
+        for raw in store.range(name, start=lo, end=hi, target=sd.target, match=dict(sd.labels)):
+            if raw.labels == sd.labels:
+                finite = [v for v in raw.values if math.isfinite(v)]
+                add(sd, math.fsum(finite), float(len(finite)))
+    return acc
+
+
 @dataclass
 class FailureRatioSpikeRule:
-    """Failures by reason / all requests spike above the ratio of the hour before."""
+    """Failures by reason / all requests spike above the ratio of the hour before.
+
+    The recent ``window`` is read raw on every evaluation.  The hour before is the
+    ``baseline_window`` of whole 5-minute intervals ending on the 5-minute grid line at or
+    before the recent window's start (0 to 5 min before it; that gap is in neither window): so
+    it comes from the 5-minute rollup, and changes only once per 5 minutes, when it is read
+    again (``_baseline`` caches it); re-reading an hour of raw samples of every target every
+    30 s made evaluation cost grow with the fleet and the stored history.
+    """
 
     name: str = "failure_ratio_spike"
     for_s: float = 120.0
@@ -361,51 +421,70 @@ class FailureRatioSpikeRule:
     min_traffic: float = 0.2
     factor: float = 2.0
     margin: float = 0.01
+    # (window, {(target, model labels): [sum, count]} of request rates, likewise failures
+    # by reason); replaced when the window moves to the next 5 minutes.
+    _baseline: tuple[tuple[float, float], dict[Any, list[float]], dict[Any, list[float]]] | None = (
+        field(default=None, init=False, repr=False, compare=False))
+
+    def baseline_span(self, now: float) -> tuple[float, float]:
+        """The baseline's ``[start, end)`` at ``now``: whole 5-minute intervals."""
+        end = floor_to(now - self.window, QUANTUM_S)
+        return end - ceil_to(self.baseline_window, QUANTUM_S), end
+
+    def _base(
+        self, store: Store, now: float
+    ) -> tuple[dict[Any, list[float]], dict[Any, list[float]]]:
+        span = self.baseline_span(now)
+        if self._baseline is None or self._baseline[0] != span:
+            lo, hi = span[0], span[1] - 0.001  # [start, end): the store's end is inclusive
+            ok = _sums_counts(store, "sli:request_rate", lo, hi, _MODEL)
+            fail = _sums_counts(store, "sli:failure_rate", lo, hi, (*_MODEL, "reason"))
+            self._baseline = (span, ok, fail)
+        return self._baseline[1], self._baseline[2]
 
     def evaluate(self, store: Store, now: float) -> list[AlertCandidate]:
-        start = now - self.window - self.baseline_window
         split = now - self.window
-        fail = store.range("sli:failure_rate", start=start, end=now)
-        ok = store.range("sli:request_rate", start=start, end=now)
+        ok_base, fail_base = self._base(store, now)
 
         def sums(data: Any, by: tuple[str, ...]) -> dict[tuple[str, Labels], list[float]]:
-            # [recent sum, recent count-of-samples, baseline sum, baseline count]
+            # [sum, count] of the finite samples of (split, now].  Raw: for a few minutes a
+            # range read is cheaper than the store's bucketing (measured, 300 targets).
             acc: dict[tuple[str, Labels], list[float]] = {}
             for sd in data:
                 lbl = dict(sd.labels)
                 key = (sd.target, make_labels({k: lbl[k] for k in by if k in lbl}))
-                a = acc.setdefault(key, [0.0, 0.0, 0.0, 0.0])
+                a = acc.setdefault(key, [0.0, 0.0])
                 for ts, v in zip(sd.ts, sd.values, strict=True):
-                    if not math.isfinite(v):
-                        continue
-                    i = 0 if ts > split else 2
-                    a[i] += v
-                    a[i + 1] += 1
+                    if ts > split and math.isfinite(v):
+                        a[0] += v
+                        a[1] += 1
             return acc
 
-        def mean(a: list[float], i: int) -> float:
-            return a[i] / a[i + 1] if a[i + 1] else 0.0
+        ok_now = sums(store.range("sli:request_rate", start=split, end=now), _MODEL)
+        fail_now = sums(store.range("sli:failure_rate", start=split, end=now),
+                        (*_MODEL, "reason"))
 
-        ok_by = sums(ok, _MODEL)
-        fail_by_reason = sums(fail, (*_MODEL, "reason"))
-        fail_all: dict[tuple[str, Labels], list[float]] = {}
-        for (target, labels), a in fail_by_reason.items():
-            key = (target, tuple(p for p in labels if p[0] != "reason"))
-            b = fail_all.setdefault(key, [0.0, 0.0, 0.0, 0.0])
-            for i in (0, 2):  # mean rates add up over reasons
-                b[i] += mean(a, i)
-                b[i + 1] = 1.0
+        def mean(a: list[float] | None) -> float:
+            return a[0] / a[1] if a is not None and a[1] else 0.0
+
+        def model_key(key: tuple[str, Labels]) -> tuple[str, Labels]:
+            return key[0], tuple(p for p in key[1] if p[0] != "reason")
+
+        fail_all: dict[tuple[str, Labels], list[float]] = {}  # [recent, baseline] mean rates
+        for src, i in ((fail_now, 0), (fail_base, 1)):
+            for key, a in src.items():
+                # Mean rates add up over reasons.
+                fail_all.setdefault(model_key(key), [0.0, 0.0])[i] += mean(a)
         out: list[AlertCandidate] = []
-        for (target, labels), a in sorted(fail_by_reason.items()):
-            mkey = (target, tuple(p for p in labels if p[0] != "reason"))
-            okm = ok_by.get(mkey, [0.0, 0.0, 0.0, 0.0])
+        for (target, labels), a in sorted(fail_now.items()):
+            mkey = model_key((target, labels))
             allf = fail_all[mkey]
-            total_now = mean(okm, 0) + mean(allf, 0)
-            total_base = mean(okm, 2) + mean(allf, 2)
+            total_now = mean(ok_now.get(mkey)) + allf[0]
+            total_base = mean(ok_base.get(mkey)) + allf[1]
             if total_now < self.min_traffic:
                 continue
-            ratio = mean(a, 0) / total_now
-            base = mean(a, 2) / total_base if total_base > 0 else 0.0
+            ratio = mean(a) / total_now
+            base = mean(fail_base.get((target, labels))) / total_base if total_base > 0 else 0.0
             if ratio < self.threshold or ratio < self.factor * base + self.margin:
                 continue
             reason = dict(labels).get("reason", "ALL")
@@ -417,7 +496,7 @@ class FailureRatioSpikeRule:
             ann = {
                 "summary": summary,
                 "description": (
-                    f"{_where(labels)} on {target}: {mean(a, 0):.3g} failures/s with reason "
+                    f"{_where(labels)} on {target}: {mean(a):.3g} failures/s with reason "
                     f"{reason} out of {total_now:.3g} requests/s over the last "
                     f"{fmt_duration(self.window)} ({ratio * 100:.1f} %, threshold "
                     f"{self.threshold * 100:.0f} %); baseline {base * 100:.2f} % over the "

@@ -7,6 +7,12 @@ one per ``gpu_uuid``, are averaged bucket by bucket) at evaluation time ``now``:
    ``[now - recent_window, now]``.  Baselines are tried in order: with ``baseline: week_ago``
    first the same hours a week earlier (the recent window's midpoint minus 7 days, ± half the
    ``baseline_window``), then the *trailing* ``baseline_window`` just before the recent window.
+   Both baselines are aligned down to the 5-minute grid (the smallest multiple of ``step`` of
+   at least 5 min): the trailing one ends on the grid line at or before the recent window's
+   start (up to 5 min before it), the week-ago one starts on the grid line at or before its
+   unaligned start.  So a baseline changes once per 5 minutes, and :class:`BaselineCache`
+   reads each of its buckets from the store once and computes its statistics once per
+   5 minutes, instead of re-reading hours of raw samples on every 30 s evaluation.
    A baseline is skipped when it has fewer than ``min_points`` buckets, or when load was not
    comparable in it (step 2); the first usable one decides, and no other is tried after it
    (the detector never shops for a baseline that fires).
@@ -41,7 +47,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
+import numpy.typing as npt
 
+from alerts.history import BucketHistory, RecentBuckets, ceil_to, floor_to, quantum_for
 from alerts.model import Rule
 from schemas.alerts import AlertCandidate
 from schemas.regressions import RegressionSpec
@@ -114,8 +122,10 @@ class Finding(NamedTuple):
 
 # --- statistics ------------------------------------------------------------------------------
 
+Values = Sequence[float] | npt.NDArray[np.float64]
 
-def robust_z(recent: Sequence[float], baseline: Sequence[float]) -> float:
+
+def robust_z(recent: Values, baseline: Values) -> float:
     """Robust z of the recent median against the baseline (median, MAD); signed."""
     r = np.asarray(recent, dtype=float)
     b = np.asarray(baseline, dtype=float)
@@ -126,7 +136,7 @@ def robust_z(recent: Sequence[float], baseline: Sequence[float]) -> float:
     return (float(np.median(r)) - med_b) / se
 
 
-def mann_whitney_p(recent: Sequence[float], baseline: Sequence[float], direction: str) -> float:
+def mann_whitney_p(recent: Values, baseline: Values, direction: str) -> float:
     """One-sided Mann-Whitney U p-value that ``recent`` is stochastically greater (``up``) or
     smaller (``down``) than ``baseline``: normal approximation with tie correction and
     continuity correction (accurate enough for the 5+ vs 20+ samples used here)."""
@@ -151,15 +161,14 @@ def mann_whitney_p(recent: Sequence[float], baseline: Sequence[float], direction
     return 0.5 * math.erfc(z / math.sqrt(2.0))
 
 
-def compare(recent: Sequence[float], baseline: Sequence[float], direction: str) -> Comparison:
+def compare(recent: Values, baseline: Values, direction: str) -> Comparison:
     """Medians, relative change, robust z and Mann-Whitney p of ``recent`` vs ``baseline``."""
     cur = float(np.median(np.asarray(recent, dtype=float)))
     base = float(np.median(np.asarray(baseline, dtype=float)))
-    change = (cur - base) / abs(base) if base != 0 else (math.inf if cur > 0 else 0.0)
     return Comparison(
         current=cur,
         baseline=base,
-        change=change,
+        change=relative_change(cur, base),
         z=robust_z(recent, baseline),
         p_value=mann_whitney_p(recent, baseline, direction),
         n_recent=len(recent),
@@ -279,19 +288,6 @@ class _Loader:
         return self._cache[key]
 
 
-def _load_median(
-    loader: _Loader, spec: RegressionSpec, target: str, labels: Labels, start: float, end: float
-) -> float | None:
-    assert spec.load_series is not None
-    data = [sd for sd in loader.get(spec.load_series, start, end) if sd.target == target]
-    want = _load_match(labels)
-    data = [sd for sd in data if all(dict(sd.labels).get(k) == v for k, v in want.items())]
-    # Sum over the series of the instance (versions, models) bucket by bucket.
-    summed = group_points(data, (), how="sum").get((target, ()), {})
-    values = _window(summed, start, end)
-    return float(np.median(values)) if values else None
-
-
 def load_comparable(current: float | None, baseline: float | None, tolerance: float) -> bool:
     """True when both loads are known and within ``tolerance`` (relative), or both unknown.
 
@@ -306,47 +302,220 @@ def load_comparable(current: float | None, baseline: float | None, tolerance: fl
     return abs(current - baseline) / baseline <= tolerance
 
 
+# --- windows and the baseline cache ----------------------------------------------------------
+
+_LOAD_BY = ("model", "version")
+
+
+def baseline_quantum(spec: RegressionSpec) -> float:
+    """How far the baselines of ``spec`` move at a time: 5 minutes for windows of hours (the
+    built-in rules), at most a third of the shorter window otherwise, so that the gap this
+    alignment leaves between the recent window and the trailing baseline stays small beside
+    both (a rule with a 10 s recent window and a 60 s baseline moves them every 4 s)."""
+    return quantum_for(spec.step, min(spec.recent_window, spec.baseline_window) / 3)
+
+
+def baseline_windows(spec: RegressionSpec, now: float) -> list[tuple[str, tuple[float, float]]]:
+    """The baselines to try at ``now``, in order: ``(kind, (start, end))``, end exclusive.
+
+    Both are aligned down to the 5-minute grid (:func:`baseline_quantum`; finer for short
+    windows), so they change once per quantum and their statistics are computed once per quantum
+    (:class:`BaselineCache`) instead of on every evaluation: the trailing baseline ends on the
+    grid line at or before the recent window's start (0 to 5 min before it; that gap is in
+    neither window), the week-ago one starts on the grid line at or before the recent window's
+    midpoint a week ago minus half the baseline window."""
+    q = baseline_quantum(spec)
+    end = floor_to(now - spec.recent_window, q)
+    out: list[tuple[str, tuple[float, float]]] = []
+    if spec.baseline == "week_ago":
+        mid = now - spec.recent_window / 2 - WEEK_S
+        lo = floor_to(mid - spec.baseline_window / 2, q)
+        out.append(("week_ago", (lo, lo + spec.baseline_window)))
+    out.append(("trailing", (end - spec.baseline_window, end)))
+    return out
+
+
+class _Baseline(NamedTuple):
+    values: npt.NDArray[np.float64]  # the baseline's bucket values, sorted
+    median: float
+
+
+def _matching(labels: Labels, want: Mapping[str, str]) -> bool:
+    d = dict(labels)
+    return all(d.get(k) == v for k, v in want.items())
+
+
+def _summed_median(arrays: list[npt.NDArray[np.float64]]) -> float | None:
+    """Median over buckets of the sum of ``arrays`` (NaN = no point), buckets with any point."""
+    if not arrays:
+        return None
+    stacked = np.vstack(arrays)
+    present = ~np.isnan(stacked).all(axis=0)
+    if not present.any():
+        return None
+    return float(np.median(np.nansum(stacked[:, present], axis=0)))
+
+
+class BaselineCache:
+    """What one regression rule keeps between evaluations: per baseline kind, the window's
+    step buckets (:class:`alerts.history.BucketHistory`, of the watched series and of the
+    load series) and, per quantum, each instance's sorted baseline values and load median.
+
+    Baselines are hours long and a week old or at least 15 minutes old, so they change only
+    when their window moves to the next quantum; re-reading them from the store every 30 s
+    made evaluation cost grow with stored history and fleet size.  Memory is one float per
+    bucket of the window per instance (about 2 KB for 4 h at 1 min) plus the load series'.
+    """
+
+    def __init__(self, spec: RegressionSpec) -> None:
+        self.spec = spec
+        self._series: dict[str, BucketHistory] = {}
+        self._load: dict[str, BucketHistory] = {}
+        # The recent window: its buckets older than a grace are kept too (read once).
+        self.recent = RecentBuckets(spec.series, step=spec.step, by=spec.by, match=spec.match)
+        self.recent_load = (
+            RecentBuckets(spec.load_series, step=spec.step, by=_LOAD_BY, how="sum")
+            if spec.load_series is not None else None
+        )
+        # kind -> (window, instance -> baseline); kind -> (window, instance -> load median)
+        self._stats: dict[str, tuple[tuple[float, float], dict[GroupKey, _Baseline | None]]] = {}
+        self._loads: dict[str, tuple[tuple[float, float], dict[GroupKey, float | None]]] = {}
+
+    @property
+    def reads(self) -> int:
+        """Store queries issued for baselines so far."""
+        return sum(h.reads for h in (*self._series.values(), *self._load.values()))
+
+    def recent_reads(self) -> int:
+        """Store queries issued for the kept part of the recent windows."""
+        return self.recent.history.reads + (
+            self.recent_load.history.reads if self.recent_load is not None else 0)
+
+    def _range(self, window: tuple[float, float]) -> tuple[float, float]:
+        # Buckets stamped in [start, end): the same ones the window filter keeps.
+        step = self.spec.step
+        return ceil_to(window[0], step), ceil_to(window[1], step)
+
+    def refresh(self, store: Store, kind: str, window: tuple[float, float]) -> None:
+        """Move ``kind``'s histories to ``window`` (a no-op within one quantum)."""
+        spec = self.spec
+        lo, hi = self._range(window)
+        hist = self._series.get(kind)
+        if hist is None:
+            hist = self._series[kind] = BucketHistory(
+                spec.series, step=spec.step, by=spec.by, match=spec.match)
+        moved = hist.advance(store, lo, hi)
+        if spec.load_series is not None:
+            load = self._load.get(kind)
+            if load is None:
+                load = self._load[kind] = BucketHistory(
+                    spec.load_series, step=spec.step, by=_LOAD_BY, how="sum")
+            moved = load.advance(store, lo, hi) or moved
+        if moved or kind not in self._stats or self._stats[kind][0] != window:
+            self._stats[kind] = (window, {})
+            self._loads[kind] = (window, {})
+
+    def baseline(self, kind: str, key: GroupKey) -> _Baseline | None:
+        stats = self._stats[kind][1]
+        if key not in stats:
+            arr = self._series[kind].data.get(key)
+            values = np.sort(arr[~np.isnan(arr)]) if arr is not None else None
+            stats[key] = (
+                _Baseline(values, float(np.median(values)))
+                if values is not None and len(values) else None
+            )
+        return stats[key]
+
+    def load(self, kind: str, key: GroupKey) -> float | None:
+        """Median over the window of the instance's load summed bucket by bucket."""
+        loads = self._loads[kind][1]
+        if key not in loads:
+            target, labels = key
+            want = _load_match(labels)
+            hist = self._load[kind]
+            loads[key] = _summed_median([
+                arr for (t, lbl), arr in hist.data.items()
+                if t == target and _matching(lbl, want)
+            ])
+        return loads[key]
+
+
+def relative_change(current: float, baseline: float) -> float:
+    """``(current - baseline) / |baseline|``; +inf for a rise from zero."""
+    if baseline != 0:
+        return (current - baseline) / abs(baseline)
+    return math.inf if current > 0 else 0.0
+
+
+def _has_effect(current: float, baseline: float, spec: RegressionSpec) -> bool:
+    """The effect-size half of :func:`is_regression` (medians only: cheap)."""
+    sign = 1.0 if spec.direction == "up" else -1.0
+    return (abs(baseline) > spec.min_baseline
+            and sign * relative_change(current, baseline) >= spec.min_effect)
+
+
 # --- the detector ----------------------------------------------------------------------------
 
 
 def detect(
-    store: Store, spec: RegressionSpec, now: float, *, alertname: str | None = None
+    store: Store,
+    spec: RegressionSpec,
+    now: float,
+    *,
+    alertname: str | None = None,
+    cache: BaselineCache | None = None,
 ) -> list[Finding]:
-    """Every instance of ``spec`` that has regressed at ``now``."""
+    """Every instance of ``spec`` that has regressed at ``now``.
+
+    ``cache`` (one per rule, kept across evaluations: :class:`RegressionRule` does) makes the
+    baselines cost one store read per new 5-minute slice instead of a read of the whole window
+    on every call; without it the baselines are read whole."""
+    if cache is None or cache.spec is not spec:
+        cache = BaselineCache(spec)
     loader = _Loader(store, spec.step)
     recent_start = now - spec.recent_window
-    trail = (recent_start - spec.baseline_window, recent_start)
-    main = group_points(loader.get(spec.series, trail[0], now, spec.match), spec.by)
-    baselines: list[tuple[str, tuple[float, float], dict[GroupKey, dict[float, float]]]] = []
-    if spec.baseline == "week_ago":
-        mid = now - spec.recent_window / 2 - WEEK_S
-        wk = (mid - spec.baseline_window / 2, mid + spec.baseline_window / 2)
-        week = group_points(loader.get(spec.series, wk[0], wk[1], spec.match), spec.by)
-        baselines.append(("week_ago", wk, week))
-    baselines.append(("trailing", trail, main))
+    baselines = baseline_windows(spec, now)
+    for kind, window in baselines:
+        cache.refresh(store, kind, window)
+    # The recent window: whole buckets starting in [recent_start, now].
+    _, recent_by = cache.recent.read(store, recent_start, now)
+    recent_loads: dict[str, list[tuple[Labels, npt.NDArray[np.float64]]]] | None = None
 
     findings: list[Finding] = []
-    for key in sorted(main):
+    for key in sorted(recent_by):
         target, labels = key
-        recent = _window(main[key], recent_start, now + spec.step)
+        arr = recent_by[key]
+        recent = arr[~np.isnan(arr)]
         if len(recent) < spec.min_points:
             continue
+        current = float(np.median(recent))
+        usable = [(kind, window, b) for kind, window in baselines
+                  if (b := cache.baseline(kind, key)) is not None
+                  and len(b.values) >= spec.min_points]
+        # Only the first usable baseline (enough points, comparable load) decides, and only
+        # an effect of min_effect can fire: with no candidate showing it, nothing can fire,
+        # whichever decides, so the load medians and the tests are skipped (most instances).
+        if not any(_has_effect(current, b.median, spec) for _, _, b in usable):
+            continue
         load_now: float | None = None
-        if spec.load_series is not None:
-            load_now = _load_median(loader, spec, target, labels, recent_start, now + spec.step)
-        for kind, (b0, b1), source in baselines:
-            base = _window(source.get(key, {}), b0, b1)
-            if len(base) < spec.min_points:
-                continue
+        if cache.recent_load is not None:
+            if recent_loads is None:
+                recent_loads = defaultdict(list)
+                for (t, lbl), larr in cache.recent_load.read(store, recent_start, now)[1].items():
+                    recent_loads[t].append((lbl, larr))
+            want = _load_match(labels)
+            load_now = _summed_median([larr for lbl, larr in recent_loads.get(target, [])
+                                       if _matching(lbl, want)])
+        for kind, window, b in usable:
             load_base: float | None = None
             if spec.load_series is not None:
-                load_base = _load_median(loader, spec, target, labels, b0, b1)
+                load_base = cache.load(kind, key)
                 if not load_comparable(load_now, load_base, spec.load_tolerance):
                     continue
-            c = compare(recent, base, spec.direction)
+            c = compare(recent, b.values, spec.direction)
             if is_regression(c, spec):
                 findings.append(
-                    _finding(store, loader, spec, key, kind, (b0, b1), c, load_now, load_base,
+                    _finding(store, loader, spec, key, kind, window, c, load_now, load_base,
                              now, alertname)
                 )
             break
@@ -468,15 +637,20 @@ class RegressionRule:
     for_s: float = field(init=False)
     keep_firing_for_s: float = field(init=False)
 
+    cache: BaselineCache = field(init=False, repr=False, compare=False)
+
     def __post_init__(self) -> None:
         self.name = self.spec.name
         self.for_s = self.spec.for_s
         self.keep_firing_for_s = self.spec.keep_firing_for_s
         if self.alertname is None:
             self.alertname = self.spec.labels.get("alertname", self.spec.name)
+        # Baselines are kept between evaluations: read once per 5-minute slice (detect()).
+        self.cache = BaselineCache(self.spec)
 
     def evaluate(self, store: Store, now: float) -> list[AlertCandidate]:
-        return [f.candidate for f in detect(store, self.spec, now, alertname=self.alertname)]
+        return [f.candidate for f in detect(store, self.spec, now, alertname=self.alertname,
+                                            cache=self.cache)]
 
 
 def regression_rules(specs: Sequence[RegressionSpec]) -> list[Rule]:

@@ -10,12 +10,13 @@ import numpy as np
 import pytest
 
 import alerts.defaults
-from alerts.defaults import default_rules
+from alerts.defaults import FailureRatioSpikeRule, KvCacheForecastRule, default_rules
 from alerts.model import Rule
 from bench.detection import HISTORY_S, SPAN_S, T0, Scenario, samples
 from schemas.regressions import DEFAULT_RULE_NAMES, DefaultsSpec
 from schemas.samples import Sample, TargetHealth, make_labels
 from store import Store
+from tests.alerts.test_history import CountingStore
 
 START = T0 + HISTORY_S  # evaluated span begins
 ONSET = START + 20 * 60
@@ -207,3 +208,105 @@ def test_gpu_idle_from_triton_metrics_only(store: Store) -> None:
     (c,) = rule("gpu_idle_while_queued").evaluate(store, now)
     assert dict(c.labels)["gpu_uuid"] == "GPU-0"
     assert "pending" in dict(c.annotations)["summary"]
+
+
+# --- bounded evaluation cost: rollups and windows kept between evaluations ---------------------
+
+FAIL = make_labels({**dict(M), "reason": "timeout"})
+
+
+def _failure_history(store: Store, start: float, end: float) -> None:
+    rng = np.random.default_rng(7)
+    ts = start
+    while ts <= end:
+        store.write("t1", ts, [Sample("sli:request_rate", M, float(rng.uniform(5, 15))),
+                               Sample("sli:failure_rate", FAIL, float(rng.uniform(0, 0.5)))])
+        ts += 15.0
+    store.flush()
+
+
+def _raw_mean(store: Store, name: str, lo: float, hi: float) -> float:
+    (sd,) = store.range(name, start=lo, end=hi)
+    vals = [v for v in sd.values if np.isfinite(v)]
+    return sum(vals) / len(vals)
+
+
+def test_failure_baseline_from_rollups_equals_the_raw_one(store: Store) -> None:
+    now = START + 3 * 3600.0  # on the 5-minute grid
+    _failure_history(store, now - 3 * 3600, now)
+    store.rollup(now)  # the baseline hour is below the watermark: served by the 5 m rollup
+    r = FailureRatioSpikeRule()
+    b0, b1 = r.baseline_span(now + 45)
+    assert (b0, b1) == (now - 3900, now - 300)  # whole 5-minute intervals before the window
+    ok, fail = r._base(store, now + 45)
+    (ok_sc,) = ok.values()
+    (fail_sc,) = fail.values()
+    assert ok_sc[0] / ok_sc[1] == pytest.approx(
+        _raw_mean(store, "sli:request_rate", b0, b1 - 0.001), rel=1e-12)
+    assert fail_sc[0] / fail_sc[1] == pytest.approx(
+        _raw_mean(store, "sli:failure_rate", b0, b1 - 0.001), rel=1e-12)
+    assert ok_sc[1] == 240  # 12 intervals x 20 samples
+
+
+def test_failure_baseline_skips_non_finite_samples_like_the_raw_read(store: Store) -> None:
+    now = START + 3600.0
+    _failure_history(store, now - 3600, now)
+    store.write("t1", now - 1000, [Sample("sli:failure_rate", FAIL, float("nan"))])
+    store.write("t1", now - 2000, [Sample("sli:failure_rate", FAIL, float("inf"))])
+    store.flush()
+    got = alerts.defaults._sums_counts(store, "sli:failure_rate", now - 3600, now - 300.001,
+                                       ("model", "reason"))
+    (sc,) = got.values()
+    assert sc[0] / sc[1] == pytest.approx(
+        _raw_mean(store, "sli:failure_rate", now - 3600, now - 300.001), rel=1e-12)
+
+
+def test_failure_baseline_is_read_once_per_five_minutes(store: Store) -> None:
+    now = START + 3 * 3600.0
+    _failure_history(store, now - 2 * 3600, now + 600)
+    counting = CountingStore(store)
+    r = FailureRatioSpikeRule()
+    for i in range(10):
+        r.evaluate(counting.as_store(), now + i * 30.0)
+    old = [c for c in counting.calls if c[2] < now - 400]
+    assert len(old) == 4  # sum and count of two series, once
+    assert all(end - start <= 3600 for _, _, start, end in old)
+    r.evaluate(counting.as_store(), now + 300)
+    assert len([c for c in counting.calls if c[2] < now - 400]) == 8
+
+
+def test_failure_spike_from_rollups_fires_as_before(store: Store) -> None:
+    now = START + 3 * 3600.0
+    for i in range(int(2 * 3600 / 15) + 1):
+        ts = now - 2 * 3600 + i * 15.0
+        bad = ts > now - 300
+        store.write("t1", ts, [Sample("sli:request_rate", M, 8.0 if bad else 10.0),
+                               Sample("sli:failure_rate", FAIL, 2.0 if bad else 0.05)])
+    store.flush()
+    store.rollup(now)
+    (c,) = FailureRatioSpikeRule().evaluate(store, now)
+    ann = dict(c.annotations)
+    assert float(ann["failure_ratio"]) == pytest.approx(0.2)
+    assert float(ann["baseline_ratio"]) == pytest.approx(0.05 / 10.05, rel=1e-3)
+
+
+def test_forecast_keeps_old_buckets_and_agrees_with_a_fresh_read(store: Store) -> None:
+    load(store, Scenario("kv_exhaustion", 0.5, 0, ONSET))
+    kept = KvCacheForecastRule()
+    counting = CountingStore(store)
+    seen = 0
+    for i in range(40):
+        now = ONSET + i * 30.0
+        got = kept._points(counting.as_store(), now)
+        fresh = KvCacheForecastRule()._points(store, now)
+        assert got.keys() == fresh.keys()
+        for key, (t, y) in fresh.items():
+            np.testing.assert_array_equal(got[key][0], t)
+            np.testing.assert_allclose(got[key][1], y, rtol=1e-12)
+        seen += len(fresh)
+        kept.evaluate(store, now)
+        # Per evaluation only the buckets after the last grid line 2 min back are read.
+        assert counting.calls[-1][3] - counting.calls[-1][2] <= 300 + 120 + 30
+    # 20 minutes: the kept part read once at first, then once per 5 minutes.
+    assert kept._recent is not None and kept._recent.history.reads <= 1 + 5
+    assert seen >= 40

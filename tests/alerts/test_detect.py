@@ -10,6 +10,7 @@ import pytest
 from alerts.detect import (
     WEEK_S,
     RegressionRule,
+    baseline_windows,
     detect,
     fmt_change,
     load_comparable,
@@ -20,6 +21,7 @@ from alerts.detect import (
 from schemas.regressions import RegressionSpec
 from schemas.samples import Sample, make_labels
 from store import Store
+from tests.alerts.test_history import CountingStore
 
 T0 = 1_750_003_200.0
 M = make_labels({"model": "llm", "version": "1"})
@@ -248,3 +250,96 @@ def test_spec_validation() -> None:
         RegressionSpec(name="x", series="s", direction="up", recent_window=120.0)
     with pytest.raises(ValueError):
         RegressionSpec.model_validate({"name": "x", "series": "s", "direction": "sideways"})
+
+
+# --- baselines kept between evaluations ----------------------------------------------------
+
+
+def test_baseline_windows_are_aligned_to_five_minutes() -> None:
+    spec = SPEC.model_copy(update={"baseline": "week_ago"})
+    for now in (NOW, NOW + 30, NOW + 299, NOW + 300):
+        (wk_kind, (w0, w1)), (kind, (b0, b1)) = baseline_windows(spec, now)
+        assert (wk_kind, kind) == ("week_ago", "trailing")
+        recent_start = now - spec.recent_window
+        assert b1 % 300 == 0 and recent_start - 300 < b1 <= recent_start
+        assert b1 - b0 == spec.baseline_window
+        unaligned = now - spec.recent_window / 2 - WEEK_S - spec.baseline_window / 2
+        assert w0 % 300 == 0 and unaligned - 300 < w0 <= unaligned
+        assert w1 - w0 == spec.baseline_window
+
+
+def test_short_windows_are_aligned_to_a_fraction_of_them_not_to_five_minutes() -> None:
+    # A rule watching seconds (a 10 s recent window, a 60 s baseline) would otherwise get a
+    # baseline ending up to 5 minutes before its recent window: often none at all.
+    spec = SPEC.model_copy(update={"recent_window": 10.0, "baseline_window": 60.0, "step": 1.0})
+    for now in (NOW, NOW + 1, NOW + 2.5, NOW + 7):
+        ((kind, (b0, b1)),) = baseline_windows(spec, now)
+        recent_start = now - spec.recent_window
+        assert kind == "trailing" and b1 - b0 == 60.0
+        assert b1 % 4 == 0 and recent_start - 4 < b1 <= recent_start
+
+
+def test_rule_reads_the_baseline_once_per_five_minutes(store: Store) -> None:
+    write(store, lambda ts: (0.6, 20.0, 0.01), start=NOW - 5 * 3600, end=NOW + 3600)
+    counting = CountingStore(store)
+    rule = RegressionRule(SPEC)
+    for i in range(10):  # 5 minutes of evaluations within one quantum
+        rule.evaluate(counting.as_store(), NOW + i * 30.0)
+    old = [c for c in counting.calls if c[3] < NOW - SPEC.recent_window]
+    assert [(name, start) for _, name, start, _ in old] == [
+        ("sli:batch_fill_rate", NOW - SPEC.recent_window - SPEC.baseline_window),
+        ("sli:request_rate", NOW - SPEC.recent_window - SPEC.baseline_window),
+    ]  # read once, not on each of the 10 evaluations
+    assert rule.cache.reads == 2
+    counting.calls.clear()
+    for i in range(10, 20):  # the next quantum: only its new 5 minutes are read
+        rule.evaluate(counting.as_store(), NOW + i * 30.0)
+    old = [c for c in counting.calls if c[3] < NOW + 300 - SPEC.recent_window]
+    assert [(start, end) for _, _, start, end in old] == [
+        (NOW - SPEC.recent_window, NOW + 300 - SPEC.recent_window - 0.001)] * 2
+    assert rule.cache.reads == 4
+
+
+def test_week_ago_baseline_is_read_once_per_five_minutes_too(store: Store) -> None:
+    write(store, lambda ts: (0.6, 20.0, 0.01), start=NOW - 5 * 3600, end=NOW + 3600)
+    rule = RegressionRule(SPEC.model_copy(update={"baseline": "week_ago"}))
+    for i in range(20):  # 10 minutes of evaluations
+        rule.evaluate(store, NOW + i * 30.0)
+    # Two series (fill rate, load), each: the first read, then one slice per new quantum:
+    # the trailing window moves at NOW + 300, the week-ago one (its start is the recent
+    # midpoint minus 2 h, a week ago) at NOW + 150 and NOW + 450.
+    assert rule.cache.reads == 2 * (1 + 1) + 2 * (1 + 2)
+
+
+def test_cached_baselines_decide_exactly_as_a_fresh_read(store: Store) -> None:
+    # A drop that fires for a while: the cached rule must agree with an uncached detect at
+    # every evaluation, numbers and all, across quantum changes and a series that vanishes.
+    fill = step_at(ONSET, 0.6, 0.36)
+    write(store, lambda ts: (fill(ts), 20.0, 0.01), end=NOW + 1800)
+    write(store, lambda ts: (0.8, 10.0, 0.01), end=NOW - 3600, target="t2", seed=4)
+    rule = RegressionRule(SPEC)
+    fired = 0
+    for i in range(0, 3600 // 30, 3):
+        now = NOW - 1800 + i * 30.0
+        cached = detect(store, SPEC, now, cache=rule.cache)
+        fresh = detect(store, SPEC, now)
+        assert cached == fresh
+        fired += bool(cached)
+    assert fired >= 10
+    # t2 stopped an hour before NOW: by NOW + 1800 its buckets are still in the 4 h baseline
+    # window, but once the window slid past them the cache forgets it.
+    assert any(t == "t2" for t, _ in rule.cache._series["trailing"].data)
+    for k in range(1, 60):
+        detect(store, SPEC, NOW + 1800 + k * 300, cache=rule.cache)
+    assert not any(t == "t2" for t, _ in rule.cache._series["trailing"].data)
+
+
+def test_effect_prefilter_never_hides_a_regression(store: Store) -> None:
+    # The same data through compare() directly: where the detector is quiet, either the
+    # effect is below min_effect or a test did not pass.
+    fill = step_at(ONSET, 0.6, 0.45)  # -25 %: effect passes, tests decide
+    write(store, lambda ts: (fill(ts), 20.0, 0.01))
+    (found,) = detect(store, SPEC, NOW)
+    assert found.comparison.change == pytest.approx(-0.25, abs=0.05)
+    quiet = SPEC.model_copy(update={"min_effect": 0.3})
+    assert detect(store, quiet, NOW) == []

@@ -1,0 +1,220 @@
+"""Long windows of step buckets kept between evaluations, read from the store once per slice.
+
+The built-in rules run every 30 s, but the long windows they look at (a regression's 4 h or
+week-ago baseline, a forecast's 30 min) move by one 5-minute *quantum* at a time (see
+:func:`quantum_for`) and hold buckets that have long stopped changing.  Reading them from the
+store on every evaluation made evaluation cost grow with the stored history and the fleet
+(raw chunks of every series decoded again each time).  :class:`BucketHistory` keeps the
+buckets of ``[lo, hi)`` per group in one float array each; when the window moves it reads only
+the new slice (``[old hi, new hi)``) and drops what fell off the front, so each bucket is read
+once, and memory is bounded by the window (groups whose series vanished are dropped once they
+have no bucket left in it).
+
+What it does not see: samples written into a slice after that slice was read (a buffer flushed
+after an outage).  The windows it serves end at least one quantum plus a grace before ``now``,
+so such late samples are rare; they show up after a restart, or when the window jumps (time
+going backwards, or a window whose old and new range do not overlap), which reads it whole.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from schemas.samples import Labels, make_labels
+
+if TYPE_CHECKING:
+    from store import SeriesData, Store
+
+F64 = npt.NDArray[np.float64]
+GroupKey = tuple[str, Labels]  # target, by-labels
+
+#: Long windows move in steps of (at least) this: rollups are 5-minute buckets, and a baseline
+#: that changes every 5 minutes instead of every 30 s is as good for detection.
+QUANTUM_S = 300.0
+
+
+def quantum_for(step: float, limit: float | None = None) -> float:
+    """The smallest multiple of ``step`` that is at least :data:`QUANTUM_S` (or ``limit``, if
+    smaller: a rule with windows of seconds must not be aligned to 5 minutes).
+
+    Window edges on this grid are also bucket edges, so every step bucket lies wholly inside
+    one slice read (its value is the same as a read of the whole window would give)."""
+    least = QUANTUM_S if limit is None else min(QUANTUM_S, limit)
+    return step * max(1, math.ceil(least / step - 1e-9))
+
+
+def floor_to(t: float, q: float) -> float:
+    return math.floor(t / q + 1e-9) * q
+
+
+def ceil_to(t: float, q: float) -> float:
+    return math.ceil(t / q - 1e-9) * q
+
+
+def group_arrays(
+    data: Iterable[SeriesData],
+    by: Sequence[str],
+    *,
+    lo: float,
+    n: int,
+    step: float,
+    how: Literal["mean", "sum"] = "mean",
+) -> dict[GroupKey, F64]:
+    """Bucket points of ``[lo, lo + n * step)`` grouped by target and ``by`` labels.
+
+    One array of ``n`` slots per group, NaN where no series of the group has a finite point;
+    points of one bucket are averaged (``mean``) or summed (``sum``) over the group's series,
+    as :func:`alerts.detect.group_points` does."""
+    sums: dict[GroupKey, F64] = {}
+    counts: dict[GroupKey, F64] = {}
+    for sd in data:
+        if not sd.ts:
+            continue
+        lbl = dict(sd.labels)
+        key = (sd.target, make_labels({k: lbl[k] for k in by if k in lbl}))
+        idx = np.rint((np.asarray(sd.ts, dtype=float) - lo) / step).astype(np.int64)
+        v = np.asarray(sd.values, dtype=float)
+        keep = (idx >= 0) & (idx < n) & np.isfinite(v)
+        if not keep.any():
+            continue
+        if key not in sums:
+            sums[key] = np.zeros(n)
+            counts[key] = np.zeros(n)
+        np.add.at(sums[key], idx[keep], v[keep])
+        np.add.at(counts[key], idx[keep], 1.0)
+    out: dict[GroupKey, F64] = {}
+    for key, s in sums.items():
+        c = counts[key]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            arr = s / c if how == "mean" else s.copy()
+        arr[c == 0] = np.nan
+        out[key] = arr
+    return out
+
+
+class BucketHistory:
+    """``avg`` buckets of one series over a sliding ``[lo, hi)``, per group, read by slices.
+
+    ``lo`` and ``hi`` are multiples of ``step``; moving them by whole quanta (the callers'
+    windows) reads only the new slice.  ``reads`` counts store queries (tests, and debugging a
+    cost regression).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        step: float,
+        by: Sequence[str],
+        how: Literal["mean", "sum"] = "mean",
+        match: Mapping[str, str] | None = None,
+    ) -> None:
+        self.name = name
+        self.step = step
+        self.by = tuple(by)
+        self.how: Literal["mean", "sum"] = how
+        self.match = dict(match or {})
+        self.lo: float | None = None
+        self.hi: float | None = None
+        self.data: dict[GroupKey, F64] = {}
+        self.reads = 0
+
+    def _slots(self, a: float, b: float) -> int:
+        return max(0, round((b - a) / self.step))
+
+    def _read(self, store: Store, a: float, b: float) -> dict[GroupKey, F64]:
+        n = self._slots(a, b)
+        if n == 0:
+            return {}
+        self.reads += 1
+        # ``end`` is inclusive: stop 1 ms short so the bucket starting at ``b`` is not read
+        # half-empty (it belongs to the next slice).
+        data = store.buckets(self.name, start=a, end=b - 0.001, step=self.step, agg="avg",
+                             match=self.match or None)
+        return group_arrays(data, self.by, lo=a, n=n, step=self.step, how=self.how)
+
+    def advance(self, store: Store, lo: float, hi: float) -> bool:
+        """Hold ``[lo, hi)``; reads only what is not held yet.  True when the range moved."""
+        if self.lo == lo and self.hi == hi:
+            return False
+        if self.lo is None or self.hi is None or lo < self.lo or hi < self.hi or lo >= self.hi:
+            self.data = self._read(store, lo, hi)
+        else:
+            drop = self._slots(self.lo, lo)
+            new = self._read(store, self.hi, hi)
+            kept_n = self._slots(lo, self.hi)
+            new_n = self._slots(self.hi, hi)
+            data: dict[GroupKey, F64] = {}
+            for key in self.data.keys() | new.keys():
+                old = self.data.get(key)
+                head = old[drop:] if old is not None else np.full(kept_n, np.nan)
+                tail = new.get(key)
+                arr = np.concatenate([head, tail if tail is not None else np.full(new_n, np.nan)])
+                if not np.isnan(arr).all():  # a group with nothing left in the window goes
+                    data[key] = arr
+            self.data = data
+        self.lo, self.hi = lo, hi
+        return True
+
+    def timestamps(self) -> F64:
+        """Start of each slot (unix s)."""
+        assert self.lo is not None and self.hi is not None
+        return self.lo + self.step * np.arange(self._slots(self.lo, self.hi), dtype=float)
+
+
+#: Buckets that ended this long ago are complete: an evaluation flushes the store first, and
+#: the rollups wait as long before summarising a bucket (``store.maintenance``).
+GRACE_S = 120.0
+
+
+class RecentBuckets:
+    """Buckets of ``[start, now]`` for a window that ends now (a regression's recent 15 min, a
+    forecast's 30 min): whole buckets up to the last grid line at least :data:`GRACE_S` old
+    come from a :class:`BucketHistory` (each read once), only the rest (at most a quantum plus
+    the grace) is read on every evaluation.  Only whole buckets are returned: those starting
+    at or after ``start``."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        step: float,
+        by: Sequence[str],
+        how: Literal["mean", "sum"] = "mean",
+        match: Mapping[str, str] | None = None,
+    ) -> None:
+        self.history = BucketHistory(name, step=step, by=by, how=how, match=match)
+
+    def read(self, store: Store, start: float, now: float) -> tuple[F64, dict[GroupKey, F64]]:
+        """Bucket starts and, per group, the bucket values (NaN: none) of the window."""
+        h = self.history
+        step = h.step
+        first = ceil_to(start, step)
+        lo = floor_to(first, quantum_for(step))
+        split = max(floor_to(now - GRACE_S, quantum_for(step)), lo)
+        h.advance(store, lo, split)
+        n_hist = h._slots(lo, split)
+        n_tail = h._slots(split, floor_to(now, step) + step)
+        tail = group_arrays(
+            store.buckets(h.name, start=split, end=now, step=step, agg="avg",
+                          match=h.match or None),
+            h.by, lo=split, n=n_tail, step=step, how=h.how,
+        ) if n_tail else {}
+        stamps = lo + step * np.arange(n_hist + n_tail, dtype=float)
+        keep = stamps >= first
+        out: dict[GroupKey, F64] = {}
+        for key in h.data.keys() | tail.keys():
+            old = h.data.get(key)
+            new = tail.get(key)
+            arr = np.concatenate([
+                old if old is not None else np.full(n_hist, np.nan),
+                new if new is not None else np.full(n_tail, np.nan),
+            ])[keep]
+            if not np.isnan(arr).all():
+                out[key] = arr
+        return stamps[keep], out

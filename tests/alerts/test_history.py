@@ -1,0 +1,119 @@
+"""Long windows kept between evaluations (alerts/history.py), against a real SQLite store."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import numpy as np
+import pytest
+
+from alerts.history import BucketHistory, group_arrays, quantum_for
+from schemas.samples import Sample, make_labels
+from store import SeriesData, Store
+
+T0 = 1_750_003_200.0  # on the 5-minute grid
+A = make_labels({"model": "a", "version": "1"})
+B = make_labels({"model": "b", "version": "1"})
+
+
+class CountingStore:
+    """Forwards to a store and records every ``buckets``/``range`` call's name and window."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self.calls: list[tuple[str, str, float, float]] = []
+
+    def buckets(self, name: str, **kw: Any) -> list[SeriesData]:
+        self.calls.append(("buckets", name, kw["start"], kw["end"]))
+        return self._store.buckets(name, **kw)
+
+    def range(self, name: str, **kw: Any) -> list[SeriesData]:
+        self.calls.append(("range", name, kw["start"], kw["end"]))
+        return self._store.range(name, **kw)
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._store, attr)
+
+    def as_store(self) -> Store:
+        return cast(Store, self)
+
+
+def fill(store: Store, start: float, end: float, *, gone_after: float | None = None) -> None:
+    ts = start
+    rng = np.random.default_rng(0)
+    while ts <= end:
+        batch = [Sample("x", A, float(rng.normal(1.0, 0.1)))]
+        if gone_after is None or ts < gone_after:
+            batch.append(Sample("x", B, float(rng.normal(2.0, 0.1))))
+        store.write("t1", ts, batch)
+        ts += 15.0
+    store.flush()
+
+
+def test_quantum_is_a_multiple_of_the_step_of_at_least_five_minutes() -> None:
+    assert quantum_for(60.0) == 300.0
+    assert quantum_for(300.0) == 300.0
+    assert quantum_for(45.0) == 315.0
+    assert quantum_for(600.0) == 600.0
+
+
+def test_group_arrays_average_series_of_a_group_bucket_by_bucket() -> None:
+    data = [
+        SeriesData("t", "x", make_labels({"model": "a", "gpu": "0"}), (0.0, 60.0), (1.0, 3.0)),
+        SeriesData("t", "x", make_labels({"model": "a", "gpu": "1"}), (0.0,), (2.0,)),
+        SeriesData("t", "x", make_labels({"model": "a", "gpu": "2"}), (60.0,), (float("nan"),)),
+    ]
+    (arr,) = group_arrays(data, ("model",), lo=0.0, n=3, step=60.0).values()
+    assert arr[:2].tolist() == [1.5, 3.0] and np.isnan(arr[2])
+    (summed,) = group_arrays(data, ("model",), lo=0.0, n=3, step=60.0, how="sum").values()
+    assert summed[:2].tolist() == [3.0, 3.0]
+
+
+def test_sliding_reads_each_slice_once_and_equals_a_whole_read(store: Store) -> None:
+    fill(store, T0, T0 + 3 * 3600)
+    counting = CountingStore(store)
+    hist = BucketHistory("x", step=60.0, by=("model",))
+    lo = T0 + 3600.0
+    assert hist.advance(counting.as_store(), lo, lo + 3600)
+    assert not hist.advance(counting.as_store(), lo, lo + 3600)  # same quantum: no read
+    assert len(counting.calls) == 1
+    for k in range(1, 6):
+        hist.advance(counting.as_store(), lo + k * 300, lo + 3600 + k * 300)
+        # Only the new 5 minutes are read (end 1 ms short of the next slice).
+        _, _, start, end = counting.calls[-1]
+        assert (start, end) == (lo + 3300 + k * 300, lo + 3600 + k * 300 - 0.001)
+    assert len(counting.calls) == 6 and hist.reads == 6
+    whole = BucketHistory("x", step=60.0, by=("model",))
+    whole.advance(store, lo + 1500, lo + 5100)
+    assert hist.data.keys() == whole.data.keys()
+    for key, arr in whole.data.items():
+        np.testing.assert_array_equal(hist.data[key], arr)
+    assert hist.timestamps()[0] == lo + 1500 and len(hist.timestamps()) == 60
+
+
+def test_vanished_groups_are_dropped_and_time_going_back_reads_whole(store: Store) -> None:
+    fill(store, T0, T0 + 3 * 3600, gone_after=T0 + 1800)
+    hist = BucketHistory("x", step=60.0, by=("model",))
+    hist.advance(store, T0, T0 + 1800)
+    assert {labels for _, labels in hist.data} == {(("model", "a"),), (("model", "b"),)}
+    hist.advance(store, T0 + 1800, T0 + 3600)  # no overlap: read whole
+    assert {labels for _, labels in hist.data} == {(("model", "a"),)}
+    hist.advance(store, T0, T0 + 1800)  # backwards: read whole again
+    assert len(hist.data) == 2 and hist.reads == 3
+    for k in range(1, 7):  # slide until b's last bucket leaves the window
+        hist.advance(store, T0 + k * 300, T0 + 1800 + k * 300)
+        assert len(hist.data) == (2 if k < 6 else 1)
+
+
+@pytest.mark.parametrize("step", [60.0, 45.0])
+def test_slices_on_the_quantum_grid_give_whole_buckets(store: Store, step: float) -> None:
+    fill(store, T0, T0 + 2 * 3600)
+    q = quantum_for(step)
+    lo = np.ceil(T0 / q) * q
+    hist = BucketHistory("x", step=step, by=("model",))
+    hist.advance(store, lo, lo + 4 * q)
+    hist.advance(store, lo + q, lo + 5 * q)
+    whole = BucketHistory("x", step=step, by=("model",))
+    whole.advance(store, lo + q, lo + 5 * q)
+    for key, arr in whole.data.items():
+        np.testing.assert_allclose(hist.data[key], arr)
