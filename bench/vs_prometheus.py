@@ -1,7 +1,7 @@
 """Tritonwatch next to Prometheus: samples ingested per CPU-second on the same targets.
 
     .venv/bin/python -m bench.vs_prometheus [--targets 20] [--interval 1] [--duration 45]
-        [--warmup 12] [--backend sqlite|postgres|both]
+        [--warmup 25] [--backend sqlite|postgres|both]
 
 A simulated fleet (``bench.common.simulated_fleet``: N targets of ~2,900 series, 20 models,
 8 GPUs, TRT-LLM families, counters advancing on every scrape; a separate process whose CPU is
@@ -49,6 +49,7 @@ from bench.common import (
     wait_until,
 )
 from bench.ingest import postgres_backend
+from schemas.config import StoreConfig
 from store import open_store
 from tests.fixtures_pg import _free_port
 
@@ -169,7 +170,8 @@ def run_tritonwatch(fleet: Fleet, targets: int, interval: float, warmup: float, 
         try:
             wait_until(lambda: http_get(f"http://127.0.0.1:{port}/api/v1/targets") != "", 60,
                        "tritonwatch serve to answer")
-            time.sleep(warmup)
+            # Series are created at the first flush: it must fall in the warm-up.
+            time.sleep(max(warmup, (flush_interval or StoreConfig().flush_interval) + 5))
             # Counts outside the CPU window: counting costs neither side.
             n0 = count()
             c0, d0, t0 = process_tree_cpu(proc.pid), db_cpu(), time.perf_counter()
@@ -206,7 +208,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--targets", type=int, default=20)
     parser.add_argument("--interval", type=float, default=1.0, help="scrape interval, seconds")
-    parser.add_argument("--warmup", type=float, default=12.0)
+    # Longer than tritonwatch's flush interval (15 s by default): its series are created at its
+    # first flush, as Prometheus's are at its first scrape, and both belong in the warm-up.
+    parser.add_argument("--warmup", type=float, default=25.0)
     parser.add_argument("--duration", type=float, default=45.0, help="measured window, seconds")
     parser.add_argument("--backend", choices=("sqlite", "postgres", "both"), default="both")
     parser.add_argument("--flush-interval", type=float, default=None,

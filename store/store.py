@@ -45,7 +45,14 @@ from store import maintenance, migrate, query
 from store.engine import build_engine, parse_url, redact, transaction
 from store.errors import QueryError, StoreError
 from store.values import SeriesData, SeriesKey
-from store.write import Layout, SeriesKeyTuple, dialect_insert, insert_columns, resolve_series
+from store.write import (
+    Layout,
+    SeriesKeyTuple,
+    dialect_insert,
+    insert_columns,
+    resolve_series,
+    sample_columns,
+)
 
 log = logging.getLogger(__name__)
 
@@ -329,7 +336,31 @@ class Store:
         if stale:
             self._resolve_layouts(list(stale.values()))
         layouts.update(current)
-        # 2. Three columns for the whole batch.
+        # 2. Three columns for the whole batch: each series' samples together, in time order.
+        columns = sample_columns([(lay, ts_ms, values) for lay, ts_ms, values, _ in work])
+        if columns is not None:
+            sids, tss, vals = columns
+            if any(w[3] for w in work):
+                keep = ~np.isnan(vals)
+                sids, tss, vals = sids[keep], tss[keep], vals[keep]
+        else:
+            sids, tss, vals = self._sorted_columns(work)
+        if not len(sids):
+            return 0
+        with transaction(self._engine, write=True) as conn:
+            insert_columns(conn, sids, tss, vals)
+            # Samples older than the rollup watermark (a buffer flushed after an outage, or a
+            # lagging second writer) move it back in this same transaction, so they are rolled
+            # up before raw retention may delete them.
+            maintenance.rewind_watermarks(conn, int(tss.min()))
+        return len(sids)
+
+    @staticmethod
+    def _sorted_columns(
+        work: list[tuple[Layout, int, np.ndarray[Any, np.dtype[np.float64]], int]],
+    ) -> tuple[np.ndarray[Any, np.dtype[np.int64]], np.ndarray[Any, np.dtype[np.int64]],
+               np.ndarray[Any, np.dtype[np.float64]]]:
+        """The general case of ``sample_columns``: every sample, sorted by ``(id, ts)``."""
         sids = np.concatenate([lay.ids for lay, _, _, _ in work])
         tss = np.repeat(
             np.fromiter((w[1] for w in work), np.int64, len(work)),
@@ -348,15 +379,7 @@ class Store:
         last[:-1] = (sids[1:] != sids[:-1]) | (tss[1:] != tss[:-1])
         if not last.all():
             sids, tss, vals = sids[last], tss[last], vals[last]
-        if not len(sids):
-            return 0
-        with transaction(self._engine, write=True) as conn:
-            insert_columns(conn, sids, tss, vals)
-            # Samples older than the rollup watermark (a buffer flushed after an outage, or a
-            # lagging second writer) move it back in this same transaction, so they are rolled
-            # up before raw retention may delete them.
-            maintenance.rewind_watermarks(conn, int(tss.min()))
-        return len(sids)
+        return sids, tss, vals
 
     def _resolve_layouts(
         self, stale: list[tuple[Layout, np.ndarray[Any, np.dtype[np.bool_]]]]

@@ -7,7 +7,7 @@ buffer, the series cache and the retry policy.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import repeat
 from typing import Any
 
@@ -84,7 +84,7 @@ class Layout:
     ``born`` is when the oldest of its ids was resolved (monotonic seconds).
     """
 
-    __slots__ = ("born", "ids", "labels", "names", "target", "unresolved")
+    __slots__ = ("_order", "born", "ids", "labels", "names", "target", "unresolved")
 
     BLOCK = 256
     ids: npt.NDArray[np.int64]
@@ -128,6 +128,7 @@ class Layout:
         self.ids = ids
         #: Positions without an id yet (-1): series only ever seen as NaN, or not created yet.
         self.unresolved = int(np.count_nonzero(ids < 0))
+        self._order: npt.NDArray[np.int64] | None = None
 
     def same(self, names: list[str], labels: list[Labels]) -> bool:
         return self.names == names and self.labels == labels
@@ -143,6 +144,58 @@ class Layout:
             map(resolved.get, self.keys_at(holes.tolist()), repeat(-1)), np.int64, len(holes)
         )
         self.unresolved = int(np.count_nonzero(self.ids < 0))
+        self._order = None
+
+    def id_order(self) -> npt.NDArray[np.int64] | None:
+        """Positions in ascending id order, or None when two positions share an id (a series
+        listed twice).  Positions without an id come first.  Kept until the ids change."""
+        if self._order is None:
+            order = np.argsort(self.ids, kind="stable")
+            ids = self.ids[order]
+            twice = (ids[1:] == ids[:-1]) & (ids[1:] >= 0)
+            self._order = np.empty(0, np.int64) if twice.any() else order
+        order = self._order
+        return order if len(order) == len(self.ids) else None
+
+
+def sample_columns(
+    work: Sequence[tuple[Layout, int, npt.NDArray[np.float64]]],
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.float64]] | None:
+    """A flush's samples (scrapes given as ``(layout, ts_ms, values)``) as the columns
+    :func:`insert_columns` takes, without sorting them, or None when that needs a sort.
+
+    A steady flush holds a few scrapes of each target, each with that target's one layout:
+    the samples of a layout are then a (scrapes x series) matrix, and reading it by column in
+    the layout's id order gives each series' samples together, in time order.  Layouts of
+    different targets hold different series, so no series spans two of them.  That replaces
+    a lexsort of every sample of the flush (64 ms for 864k samples) with copies.  Declined
+    (None): a target with two layouts in the flush (its series changed), scrapes of a layout
+    not in strictly increasing time order, a series listed twice.  NaN samples are kept here
+    (the caller drops them).
+    """
+    groups: dict[int, tuple[Layout, list[int], list[npt.NDArray[np.float64]]]] = {}
+    targets: dict[str, int] = {}
+    for lay, ts_ms, values in work:
+        if targets.setdefault(lay.target, id(lay)) != id(lay):
+            return None
+        group = groups.get(id(lay))
+        if group is None:
+            groups[id(lay)] = (lay, [ts_ms], [values])
+            continue
+        if ts_ms <= group[1][-1]:
+            return None
+        group[1].append(ts_ms)
+        group[2].append(values)
+    ids, tss, vals = [], [], []
+    for lay, stamps, rows in groups.values():
+        order = lay.id_order()
+        if order is None:
+            return None
+        k = len(stamps)
+        ids.append(np.repeat(lay.ids[order], k))
+        tss.append(np.tile(np.array(stamps, np.int64), len(order)))
+        vals.append(np.vstack(rows)[:, order].T.ravel())
+    return np.concatenate(ids), np.concatenate(tss), np.concatenate(vals)
 
 
 def insert_columns(
@@ -151,7 +204,9 @@ def insert_columns(
     ts: npt.NDArray[np.int64],
     values: npt.NDArray[np.float64],
 ) -> None:
-    """Store samples given as three columns sorted by ``(id, ts)``: no duplicate keys, no NaN.
+    """Store samples given as three columns, each series' samples together in time order
+    (sorted by ``(id, ts)``, or as :func:`sample_columns` gives them): no duplicate keys, no
+    NaN.
 
     One ``sample_chunks`` row per series (two if its samples straddle a full hour, see
     ``store.chunks``), all carrying a new write sequence number: the rows never collide with
@@ -188,40 +243,31 @@ def insert_chunks(conn: Connection, chunks: Encoded, seq: int | npt.NDArray[np.i
     """Insert ``chunks`` with write sequence ``seq`` (one for all, or one per chunk).
 
     Plain inserts: the caller guarantees the keys are new.  SQLite: one ``executemany``.
-    PostgreSQL: one binary COPY, its stream built here (62 bytes of row header per chunk,
-    then the chunk's data as it is).
+    PostgreSQL: one binary COPY (:func:`copy_stream`: 62 bytes of row header per chunk, then
+    the chunk's data as it is).
     """
     if not len(chunks):
         return
-    seqs = (
-        repeat(seq) if isinstance(seq, int) else np.asarray(seq, np.int64).tolist()
-    )
-    ids, starts = chunks.ids.tolist(), chunks.start_ms.tolist()
-    ends, ns = chunks.end_ms.tolist(), chunks.n.tolist()
     raw = conn.connection.driver_connection
     assert raw is not None
     if conn.dialect.name != "postgresql":
+        seqs = (
+            repeat(seq) if isinstance(seq, int) else np.asarray(seq, np.int64).tolist()
+        )
+        ids, starts = chunks.ids.tolist(), chunks.start_ms.tolist()
+        ends, ns = chunks.end_ms.tolist(), chunks.n.tolist()
         raw.executemany(
             "INSERT INTO sample_chunks (series_id, start_ms, seq, end_ms, n, data) "
             "VALUES (?, ?, ?, ?, ?, ?)",
             zip(ids, starts, seqs, ends, ns, chunks.blobs(), strict=False),
         )
         return
-    pack = _PG_ROW_HEADER.pack
-    data = memoryview(chunks.buf)
-    parts: list[bytes | memoryview] = [_PG_HEADER]
-    for sid, start, sq, end, n, at in zip(
-        ids, starts, seqs, ends, ns, chunks.offsets.tolist(), strict=False
-    ):
-        size = 16 * n
-        parts.append(pack(6, 8, sid, 8, start, 8, sq, 8, end, 4, n, size))
-        parts.append(data[at : at + size])
-    parts.append(_PG_TRAILER)
+    stream = copy_stream(chunks, seq)
     with raw.cursor() as cur, cur.copy(
         "COPY sample_chunks (series_id, start_ms, seq, end_ms, n, data) FROM STDIN "
         "(FORMAT BINARY)"
     ) as cp:
-        cp.write(b"".join(parts))
+        cp.write(stream)
 
 
 # PostgreSQL binary COPY: a header, then per row a field count and (length, big-endian value)
@@ -230,3 +276,61 @@ _PG_HEADER = b"PGCOPY\n\xff\r\n\x00" + b"\x00\x00\x00\x00" + b"\x00\x00\x00\x00"
 _PG_TRAILER = b"\xff\xff"
 # Field count; series_id, start_ms, seq, end_ms (int8); n (int4); the length of data.
 _PG_ROW_HEADER = struct.Struct(">h" + "iq" * 4 + "ii" + "i")
+# The same header as numpy fields (packed, big-endian), followed by a chunk's data.
+_PG_ROW_FIELDS = [
+    ("fields", ">i2"),
+    ("len_id", ">i4"), ("series_id", ">i8"),
+    ("len_start", ">i4"), ("start_ms", ">i8"),
+    ("len_seq", ">i4"), ("seq", ">i8"),
+    ("len_end", ">i4"), ("end_ms", ">i8"),
+    ("len_n", ">i4"), ("n", ">i4"),
+    ("len_data", ">i4"),
+]
+
+
+def copy_stream(chunks: Encoded, seq: int | npt.NDArray[np.int64]) -> bytes:
+    """The binary COPY stream of ``chunks`` (rows of ``sample_chunks``), built column-wise.
+
+    Rows may go in any order, so the chunks are taken a group of equal sample counts at a
+    time (one or two groups in a steady flush): each group is one numpy record array, header
+    fields and data together, with no Python work per row.  ``copy_stream_rows`` builds the
+    same stream row by row; a differential test holds them equal.
+    """
+    seqs = np.broadcast_to(np.asarray(seq, np.int64), chunks.ids.shape)
+    units = np.frombuffer(chunks.buf, "V16")  # one sample (timestamp and value words) per unit
+    parts = [_PG_HEADER]
+    for n in np.unique(chunks.n).tolist():
+        rows = np.flatnonzero(chunks.n == n)
+        rec = np.empty(len(rows), [*_PG_ROW_FIELDS, ("data", f"V{16 * n}")])
+        rec["fields"] = 6
+        rec["len_id"] = rec["len_start"] = rec["len_seq"] = rec["len_end"] = 8
+        rec["len_n"] = 4
+        rec["len_data"] = 16 * n
+        rec["series_id"] = chunks.ids[rows]
+        rec["start_ms"] = chunks.start_ms[rows]
+        rec["seq"] = seqs[rows]
+        rec["end_ms"] = chunks.end_ms[rows]
+        rec["n"] = n
+        # A chunk's data is 16 * n bytes starting at its offset: n consecutive units.
+        first = chunks.offsets[rows] // 16
+        rec["data"] = units[(first[:, None] + np.arange(n)).ravel()].view(f"V{16 * n}")
+        parts.append(rec.tobytes())
+    parts.append(_PG_TRAILER)
+    return b"".join(parts)
+
+
+def copy_stream_rows(chunks: Encoded, seq: int | npt.NDArray[np.int64]) -> bytes:
+    """:func:`copy_stream` row by row, in chunk order (the reference for its test)."""
+    seqs = np.broadcast_to(np.asarray(seq, np.int64), chunks.ids.shape).tolist()
+    pack = _PG_ROW_HEADER.pack
+    data = memoryview(chunks.buf)
+    parts: list[bytes | memoryview] = [_PG_HEADER]
+    for sid, start, sq, end, n, at in zip(
+        chunks.ids.tolist(), chunks.start_ms.tolist(), seqs, chunks.end_ms.tolist(),
+        chunks.n.tolist(), chunks.offsets.tolist(), strict=True,
+    ):
+        size = 16 * n
+        parts.append(pack(6, 8, sid, 8, start, 8, sq, 8, end, 4, n, size))
+        parts.append(data[at : at + size])
+    parts.append(_PG_TRAILER)
+    return b"".join(parts)

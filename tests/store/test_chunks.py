@@ -573,3 +573,56 @@ def test_compaction_waits_for_a_flush_that_holds_a_write_number(postgres_db_url:
         assert len(_chunk_rows(store)) == 1
     finally:
         store.close()
+
+
+# --- the PostgreSQL COPY stream --------------------------------------------------------------
+
+
+def _copy_rows(stream: bytes) -> list[bytes]:
+    """The rows of a binary COPY stream (header and trailer checked), each as its bytes."""
+    from store.write import _PG_HEADER, _PG_TRAILER
+
+    assert stream.startswith(_PG_HEADER) and stream.endswith(_PG_TRAILER)
+    body, rows, at = stream[len(_PG_HEADER) : -len(_PG_TRAILER)], [], 0
+    while at < len(body):
+        size = 62 + int.from_bytes(body[at + 58 : at + 62], "big")
+        rows.append(body[at : at + size])
+        at += size
+    assert at == len(body)
+    return rows
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    series=st.lists(
+        st.tuples(st.integers(1, 2**40), st.lists(st.integers(-(2**45), 2**45), min_size=1,
+                                                   max_size=12)),
+        min_size=1, max_size=12, unique_by=lambda s: s[0],
+    ),
+    max_samples=st.sampled_from([None, 1, 3]),
+    per_chunk_seq=st.booleans(),
+)
+def test_copy_stream_holds_the_rows_of_the_row_by_row_stream(
+    series: list[tuple[int, list[int]]], max_samples: int | None, per_chunk_seq: bool
+) -> None:
+    """The column-wise COPY stream against the row-by-row one: the same rows (grouped by
+    sample count, so possibly in another order)."""
+    from store.write import copy_stream, copy_stream_rows
+
+    ids, ts = [], []
+    for sid, stamps in sorted(series):
+        for ms in sorted(set(stamps)):
+            ids.append(sid)
+            ts.append(ms)
+    rng = np.random.default_rng(len(ids))
+    values = rng.standard_normal(len(ids))
+    values[:: 5] = np.inf
+    chunks = ck.encode(np.array(ids, np.int64), np.array(ts, np.int64), values,
+                       max_samples=max_samples)
+    seq: int | np.ndarray = (
+        rng.integers(0, 2**62, len(chunks)) if per_chunk_seq else int(rng.integers(0, 2**62))
+    )
+    fast, slow = copy_stream(chunks, seq), copy_stream_rows(chunks, seq)
+    assert len(fast) == len(slow)
+    assert sorted(_copy_rows(fast)) == sorted(_copy_rows(slow))
+    assert len(_copy_rows(slow)) == len(chunks)

@@ -1,0 +1,94 @@
+"""``store.write.sample_columns`` (a flush's samples grouped per series without sorting)
+against the general path, ``Store._sorted_columns`` (every sample lexsorted by id and time)."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from schemas.samples import make_labels
+from store import Store
+from store.write import Layout, sample_columns
+
+
+def layout(target: str, ids: list[int]) -> Layout:
+    names = [f"m{i}" for i in range(len(ids))]
+    lay = Layout(target, names, [make_labels({"i": str(i)}) for i in range(len(ids))], now=0.0)
+    lay.ids = np.array(ids, np.int64)
+    return lay
+
+
+@st.composite
+def flushes(draw: st.DrawFn) -> list[tuple[Layout, int, np.ndarray, int]]:
+    layouts = []
+    next_id = 0
+    for t in range(draw(st.integers(1, 3))):
+        for _ in range(draw(st.integers(1, 2))):  # a second layout: the target's series changed
+            n = draw(st.integers(1, 6))
+            ids = list(range(next_id, next_id + n))
+            if draw(st.booleans()):
+                next_id += n  # the target's next layout holds other series...
+            if n > 1 and draw(st.integers(0, 4)) == 0:
+                ids[-1] = ids[0]  # ...or one series listed twice
+            if draw(st.integers(0, 4)) == 0:
+                ids[0] = -1  # never seen with a value
+            layouts.append(layout(f"t{t}", ids))
+        next_id += 10
+    work = []
+    for _ in range(draw(st.integers(1, 8))):
+        lay = draw(st.sampled_from(layouts))
+        ts = draw(st.integers(0, 6)) * 1000
+        values = np.array(
+            draw(st.lists(st.sampled_from([0.0, 1.5, -2.0, np.inf, np.nan]),
+                          min_size=len(lay.ids), max_size=len(lay.ids))), np.float64)
+        if (lay.ids < 0).any():
+            values[lay.ids < 0] = np.nan  # resolution leaves no id only where all are NaN
+        work.append((lay, ts, values, int(np.isnan(values).sum())))
+    return work
+
+
+@settings(max_examples=400, deadline=None)
+@given(flushes())
+def test_grouped_columns_hold_the_same_samples_as_the_sorted_ones(work) -> None:
+    fast = sample_columns([(lay, ts, values) for lay, ts, values, _ in work])
+    slow = Store._sorted_columns(work)
+    if fast is None:
+        # Declined only for what needs the sort: two layouts of one target, a layout's scrapes
+        # out of time order, or a series listed twice.
+        targets: dict[str, set[int]] = {lay.target: set() for lay, *_ in work}
+        for lay, *_ in work:
+            targets[lay.target].add(id(lay))
+        stamps: dict[int, list[int]] = {}
+        for lay, ts, *_ in work:
+            stamps.setdefault(id(lay), []).append(ts)
+        dup = any(len({i for i in lay.ids.tolist() if i >= 0})
+                  < int((lay.ids >= 0).sum()) for lay, *_ in work)
+        assert (any(len(v) > 1 for v in targets.values())
+                or any(s != sorted(set(s)) for s in stamps.values()) or dup)
+        return
+    ids, ts, values = fast
+    keep = ~np.isnan(values)
+    ids, ts, values = ids[keep], ts[keep], values[keep]
+    # Each series' samples together and in time order (what encode() needs)...
+    if len(ids):
+        starts = np.r_[0, np.flatnonzero(np.diff(ids)) + 1]
+        assert len(starts) == len(set(ids.tolist()))
+    same = ids[1:] == ids[:-1]
+    assert (ts[1:][same] > ts[:-1][same]).all()
+    # ...and, once sorted, exactly the general path's samples.
+    order = np.lexsort((ts, ids))
+    for got, want in zip((ids[order], ts[order], values[order]), slow, strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_a_steady_flush_takes_the_grouped_path() -> None:
+    a, b = layout("a", [5, 3, 9]), layout("b", [4, 8])
+    work = [(a, 1000, np.array([1.0, 2.0, 3.0])), (b, 1000, np.array([4.0, 5.0])),
+            (a, 2000, np.array([6.0, 7.0, 8.0]))]
+    columns = sample_columns(work)
+    assert columns is not None
+    ids, ts, values = columns
+    assert ids.tolist() == [3, 3, 5, 5, 9, 9, 4, 8]
+    assert ts.tolist() == [1000, 2000, 1000, 2000, 1000, 2000, 1000, 1000]
+    assert values.tolist() == [2.0, 7.0, 1.0, 6.0, 3.0, 8.0, 4.0, 5.0]
