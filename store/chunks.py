@@ -63,10 +63,12 @@ class Encoded(NamedTuple):
     def __len__(self) -> int:
         return len(self.ids)
 
-    def blobs(self) -> list[bytes]:
+    def blobs(self, lo: int = 0, hi: int | None = None) -> list[bytes]:
+        """The data of chunks ``lo`` to ``hi`` (all by default), one bytes object each."""
         buf = self.buf
-        ends = self.offsets + 16 * self.n
-        return [buf[a:b] for a, b in zip(self.offsets.tolist(), ends.tolist(), strict=True)]
+        starts = self.offsets[lo:hi]
+        ends = starts + 16 * self.n[lo:hi]
+        return [buf[a:b] for a, b in zip(starts.tolist(), ends.tolist(), strict=True)]
 
 
 class Merged(NamedTuple):

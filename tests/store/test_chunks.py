@@ -626,3 +626,23 @@ def test_copy_stream_holds_the_rows_of_the_row_by_row_stream(
     assert len(fast) == len(slow)
     assert sorted(_copy_rows(fast)) == sorted(_copy_rows(slow))
     assert len(_copy_rows(slow)) == len(chunks)
+
+
+def test_a_flush_larger_than_one_insert_slice_stores_every_chunk(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import store.write as write_module
+
+    # 10 series: four slices on either backend
+    monkeypatch.setattr(write_module, "_SQLITE_ROWS", 3)
+    monkeypatch.setattr(write_module, "_COPY_ROWS", 3)
+    for k in range(4):
+        store.write("t", T + k, [Sample("x", make_labels({"i": str(i)}), float(i * 10 + k))
+                                 for i in range(10)])
+    store.flush()
+    data = {dict(d.labels)["i"]: d for d in store.range("x", start=T - 1, end=T + 10)}
+    assert sorted(data, key=int) == [str(i) for i in range(10)]
+    for i in range(10):
+        assert data[str(i)].ts == tuple(float(T + k) for k in range(4))
+        assert data[str(i)].values == tuple(float(i * 10 + k) for k in range(4))
+    assert store.count_samples() == 40
