@@ -178,12 +178,18 @@ def merge(
     if len(ts) > 1:
         same = sids[1:] == sids[:-1]
         if not ((sids[1:] > sids[:-1]) | (same & (ts[1:] > ts[:-1]))).all():
-            # Overlapping chunks.  lexsort is stable: of equal (id, ts) keys the last in write
-            # order ends up last, and is the one kept.
-            resort = np.lexsort((ts, sids))
-            sids, ts, values = sids[resort], ts[resort], values[resort]
-            last = np.ones(len(ts), bool)
-            last[:-1] = (sids[1:] != sids[:-1]) | (ts[1:] != ts[:-1])
-            if not last.all():
-                sids, ts, values = sids[last], ts[last], values[last]
+            # Overlapping chunks.
+            return sort_keep_last(sids, ts, values)
     return Merged(sids, ts, values)
+
+
+def sort_keep_last(ids: I64, ts: I64, values: F64) -> Merged:
+    """Samples sorted by ``(id, ts)``, keeping of equal keys the one given last (the sort is
+    stable, so the last in the input order ends up last and is kept)."""
+    order = np.lexsort((ts, ids))
+    ids, ts, values = ids[order], ts[order], values[order]
+    last = np.ones(len(ts), bool)
+    last[:-1] = (ids[1:] != ids[:-1]) | (ts[1:] != ts[:-1])
+    if not last.all():
+        ids, ts, values = ids[last], ts[last], values[last]
+    return Merged(ids, ts, values)

@@ -42,6 +42,7 @@ from schemas import tables as t
 from schemas.probes import ProbeResult
 from schemas.samples import Labels, Sample, TargetHealth
 from store import maintenance, migrate, query
+from store.chunks import sort_keep_last
 from store.engine import build_engine, parse_url, redact, transaction
 from store.errors import QueryError, StoreError
 from store.values import SeriesData, SeriesKey
@@ -370,16 +371,11 @@ class Store:
         if any(w[3] for w in work):
             keep = ~np.isnan(vals)
             sids, tss, vals = sids[keep], tss[keep], vals[keep]
-        # Key order makes the inserts sequential in the (series_id, ts) B-tree.  lexsort is
-        # stable, so of two samples with the same key (a series listed twice, or two label
-        # orders of one series) the one written last is kept.
-        order = np.lexsort((tss, sids))
-        sids, tss, vals = sids[order], tss[order], vals[order]
-        last = np.ones(len(sids), bool)
-        last[:-1] = (sids[1:] != sids[:-1]) | (tss[1:] != tss[:-1])
-        if not last.all():
-            sids, tss, vals = sids[last], tss[last], vals[last]
-        return sids, tss, vals
+        # Key order makes the inserts sequential in the (series_id, ts) B-tree; of two samples
+        # with the same key (a series listed twice, or two label orders of one series) the one
+        # written last is kept.
+        kept = sort_keep_last(sids, tss, vals)
+        return kept.ids, kept.ts, kept.values
 
     def _resolve_layouts(
         self, stale: list[tuple[Layout, np.ndarray[Any, np.dtype[np.bool_]]]]
