@@ -44,7 +44,7 @@ import psycopg
 from psycopg import sql
 
 from bench.common import Fleet, fleet_models, proc_stat, process_tree_cpu, simulated_fleet
-from collector.derive import DERIVED_FROM, Deriver
+from collector.derive import Deriver
 from collector.jobs import Collector
 from collector.scrape import fetch_metrics, make_client
 from collector.shape import Shape, parse_columns
@@ -289,8 +289,7 @@ async def _per_stage(
                     shape, values = parse_columns(body.text, shapes.get(i))
                     shapes[i] = shape
                 with timer("derive"):
-                    snap = shape.snapshot(target.name, ts, values, keep=DERIVED_FROM)
-                    derived = derivers[i].derive(snap, configs)
+                    derived = derivers[i].derive_columns(shape, values, ts, configs)
                 health = TargetHealth(
                     target.name, "metrics", ts, True, time.perf_counter() - start, len(values)
                 )

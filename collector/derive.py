@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -650,14 +650,7 @@ class Deriver:
         out = self._outputs(
             accs, gpus, energy, prev_states[_METRICS], new_states[_METRICS], ts, configs
         )
-        if present[_METRICS]:
-            self._kv_bad &= accs[_METRICS].keys()  # forget models that went away
-        for src in (_METRICS, _STATS):
-            if present[src]:
-                self._state[src] = new_states[src]
-                self._last_ts[src] = ts
-            else:
-                self._expire(src, ts)
+        self._end_pass(present, accs[_METRICS].keys(), ts, new_states)
         return out
 
     def derive_columns(
@@ -742,14 +735,8 @@ class Deriver:
         new_energy: _State = {}
         out = self._outputs(accs, gpus, energy, cols.energy, new_energy, ts, configs)
 
-        if plan.present[_METRICS]:
-            self._kv_bad &= accs[_METRICS].keys()
         cols.has, cols.ts, cols.value, cols.energy = new_has, new_ts, new_value, new_energy
-        for src in (_METRICS, _STATS):
-            if plan.present[src]:
-                self._last_ts[src] = ts
-            else:
-                self._expire(src, ts)
+        self._end_pass(plan.present, accs[_METRICS].keys(), ts)
         return out
 
     def _column_counters(
@@ -865,6 +852,25 @@ class Deriver:
             if cols.plan.present[src]:
                 self._state[src] = states[src]
         self._cols = None
+
+    def _end_pass(
+        self,
+        present: Sequence[bool],
+        metrics_models: Collection[ModelKey],
+        ts: float,
+        new_states: list[_State] | None = None,
+    ) -> None:
+        """Source bookkeeping after a pass (either path): present sources take ``ts`` (and
+        ``new_states``, where the pass built dict state), absent ones may expire."""
+        if present[_METRICS]:
+            self._kv_bad.intersection_update(metrics_models)  # forget models that went away
+        for src in (_METRICS, _STATS):
+            if present[src]:
+                if new_states is not None:
+                    self._state[src] = new_states[src]
+                self._last_ts[src] = ts
+            else:
+                self._expire(src, ts)
 
     def _expire(self, src: int, ts: float) -> None:
         """Forget an absent source's state once it is older than ``max_gap_s``."""
