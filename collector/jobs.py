@@ -169,6 +169,8 @@ class TargetState:
         self._gpu_plan: tuple[Shape | None, TritonGpuPlan] = (None, EMPTY_PLAN)
         # The shape's label tuples with the target's labels added, built once per shape.
         self._labeled: tuple[Shape | None, list[Labels]] = (None, [])
+        # stored_series()'s last answer: (shape, derived names, derived labels, names, labels).
+        self._stored: tuple[Shape, list[str], list[Labels], list[str], list[Labels]] | None = None
         # Model configs as last written to the store: only changed ones are written again.
         self.written_configs: dict[str, dict[str, Any]] = {}
 
@@ -212,6 +214,25 @@ class TargetState:
             labeled = [_add_labels(labels, extra) for labels in shape.labels]
             self._labeled = (shape, labeled)
         return labeled
+
+    def stored_series(
+        self, shape: Shape, names: list[str], labels: list[Labels]
+    ) -> tuple[list[str], list[Labels]]:
+        """The name and label lists to store: ``shape``'s series, then ``names``/``labels``
+        (the derived ones).
+
+        The same list objects as the last scrape's while nothing changed, so that the buffer
+        holds one copy per target rather than one per buffered scrape, and the store
+        recognises the unchanged layout by identity.
+        """
+        cached = self._stored
+        if cached is not None and cached[0] is shape and cached[1] == names and (
+            cached[2] == labels
+        ):
+            return cached[3], cached[4]
+        stored = (shape.names + names, self.shape_labels(shape) + labels)
+        self._stored = (shape, names, labels, *stored)
+        return stored
 
     def set_configs(self, configs: Mapping[str, ModelConfigInfo]) -> None:
         merged = dict(configs)
@@ -331,10 +352,11 @@ class Collector:
         extra = derived + self._up_samples(health)
         if target.labels:
             extra = _with_target_labels(extra, target.labels)
+        names, labels = state.stored_series(
+            shape, [s.name for s in extra], [s.labels for s in extra]
+        )
         self.store.write_columns(
-            target.name, now,
-            shape.names + [s.name for s in extra],
-            state.shape_labels(shape) + [s.labels for s in extra],
+            target.name, now, names, labels,
             np.concatenate([values, np.fromiter((s.value for s in extra), np.float64, len(extra))]),
         )
         return health

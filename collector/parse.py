@@ -442,7 +442,12 @@ def _parse_head(head: str) -> tuple[str, tuple[tuple[str, str], ...]] | None:
         # heads parsed cold (past the head cache) then cost one small tuple each, not a
         # fresh copy of every string (measured: most of the collector's memory at 1,000
         # targets x 566 series).
-        return _NAMES.setdefault(name, name), tuple(map(_PAIRS.setdefault, pairs, pairs))
+        labels = tuple(map(_PAIRS.setdefault, pairs, pairs))
+        if len(_LABELSETS) < _LABELSETS_MAX:
+            # And equal label sets: a Triton payload lists each one under several names (566
+            # series, 153 label sets), and servers of one deployment share their models'.
+            labels = _LABELSETS.setdefault(labels, labels)
+        return _NAMES.setdefault(name, name), labels
     return name, tuple(pairs)
 
 
@@ -451,6 +456,8 @@ def _parse_head(head: str) -> tuple[str, tuple[tuple[str, str], ...]] | None:
 _PAIRS: dict[tuple[str, str], tuple[str, str]] = {}
 _NAMES: dict[str, str] = {}
 _PAIRS_MAX = 100_000
+_LABELSETS: dict[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]] = {}
+_LABELSETS_MAX = 200_000
 
 
 # Validated label-name sequences, keyed by the text around the values (`(',model=',

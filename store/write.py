@@ -9,7 +9,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import repeat
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -18,7 +18,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from schemas import tables as t
 from schemas.samples import Labels, labels_json
-from store.chunks import Encoded, encode
+from store.chunks import Encoded
 
 SeriesKeyTuple = tuple[str, str, Labels]  # (target, name, labels): the series cache key
 
@@ -131,7 +131,10 @@ class Layout:
         self._order: npt.NDArray[np.int64] | None = None
 
     def same(self, names: list[str], labels: list[Labels]) -> bool:
-        return self.names == names and self.labels == labels
+        # Identity first: list equality walks every item even for the list itself.
+        return (names is self.names or names == self.names) and (
+            labels is self.labels or labels == self.labels
+        )
 
     def keys_at(self, positions: Iterable[int]) -> Iterator[SeriesKeyTuple]:
         target, names, labels = self.target, self.names, self.labels
@@ -158,11 +161,37 @@ class Layout:
         return order if len(order) == len(self.ids) else None
 
 
+_Work = TypeVar("_Work", bound=tuple[Any, ...])
+
+
+def target_groups(work: Iterable[_Work], limit: int) -> Iterator[list[_Work]]:
+    """``work`` (items whose first field is a :class:`Layout`) in groups of whole targets,
+    each holding at least ``limit`` samples except the last.
+
+    Every item of a target lands in the same group, in its original order: a series belongs
+    to one target, so each group holds all of its series' samples.  Targets keep the order of
+    their first item.
+    """
+    by_target: dict[str, list[_Work]] = {}
+    for item in work:
+        by_target.setdefault(item[0].target, []).append(item)
+    group: list[_Work] = []
+    size = 0
+    for items in by_target.values():
+        group.extend(items)
+        size += sum(len(item[0].ids) for item in items)
+        if size >= limit:
+            yield group
+            group, size = [], 0
+    if group:
+        yield group
+
+
 def sample_columns(
     work: Sequence[tuple[Layout, int, npt.NDArray[np.float64]]],
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.float64]] | None:
     """A flush's samples (scrapes given as ``(layout, ts_ms, values)``) as the columns
-    :func:`insert_columns` takes, without sorting them, or None when that needs a sort.
+    :func:`store.chunks.encode` takes, without sorting them, or None when that needs a sort.
 
     A steady flush holds a few scrapes of each target, each with that target's one layout:
     the samples of a layout are then a (scrapes x series) matrix, and reading it by column in
@@ -196,27 +225,6 @@ def sample_columns(
         tss.append(np.tile(np.array(stamps, np.int64), len(order)))
         vals.append(np.vstack(rows)[:, order].T.ravel())
     return np.concatenate(ids), np.concatenate(tss), np.concatenate(vals)
-
-
-def insert_columns(
-    conn: Connection,
-    ids: npt.NDArray[np.int64],
-    ts: npt.NDArray[np.int64],
-    values: npt.NDArray[np.float64],
-) -> None:
-    """Store samples given as three columns, each series' samples together in time order
-    (sorted by ``(id, ts)``, or as :func:`sample_columns` gives them): no duplicate keys, no
-    NaN.
-
-    One ``sample_chunks`` row per series (two if its samples straddle a full hour, see
-    ``store.chunks``), all carrying a new write sequence number: the rows never collide with
-    stored ones, and where they overlap stored samples, readers take these (the last write).
-    A retried flush whose first commit did succeed after all only stores the same samples
-    twice; compaction folds them together.
-    """
-    if not len(ids):
-        return
-    insert_chunks(conn, encode(ids, ts, values), next_seq(conn))
 
 
 def next_seq(conn: Connection) -> int:

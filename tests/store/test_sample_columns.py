@@ -7,9 +7,10 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import store.store as store_module
 from schemas.samples import make_labels
 from store import Store
-from store.write import Layout, sample_columns
+from store.write import Layout, sample_columns, target_groups
 
 
 def layout(target: str, ids: list[int]) -> Layout:
@@ -92,3 +93,89 @@ def test_a_steady_flush_takes_the_grouped_path() -> None:
     assert ids.tolist() == [3, 3, 5, 5, 9, 9, 4, 8]
     assert ts.tolist() == [1000, 2000, 1000, 2000, 1000, 2000, 1000, 1000]
     assert values.tolist() == [2.0, 7.0, 1.0, 6.0, 3.0, 8.0, 4.0, 5.0]
+
+
+# --- a flush in groups of targets -----------------------------------------------------------
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(1, 7)), max_size=20),
+       st.integers(1, 20))
+def test_target_groups_keep_each_target_whole_and_in_order(items, limit) -> None:
+    layouts: dict[int, Layout] = {}
+    work = []
+    for k, (t, n) in enumerate(items):
+        lay = layouts.get(t)
+        if lay is None or len(lay.ids) != n:  # a changed series list: a new layout
+            lay = layouts[t] = layout(f"t{t}", list(range(n)))
+        work.append((lay, k))
+    groups = list(target_groups(work, limit))
+    # Every item once; each target's items in one group, in their order; targets in order of
+    # their first item.
+    flat = [item for group in groups for item in group]
+    first_seen = list(dict.fromkeys(lay.target for lay, _ in work))
+    assert flat == [item for target in first_seen for item in work if item[0].target == target]
+    owner = {}
+    for g, group in enumerate(groups):
+        for lay, _ in group:
+            assert owner.setdefault(lay.target, g) == g
+    # Each group reaches the limit (all but the last), and would not without its last target.
+    for group in groups:
+        assert group
+    for group in groups[:-1]:
+        sizes = [len(lay.ids) for lay, _ in group]
+        assert sum(sizes) >= limit
+        last = group[-1][0].target
+        assert sum(len(lay.ids) for lay, _ in group if lay.target != last) < limit
+
+
+def _scrapes(rng: np.random.Generator) -> list[tuple[str, float, list[str], list, np.ndarray]]:
+    """A few scrapes of five targets, with NaN, a changed series list, a repeated series."""
+    out = []
+    for step in range(3):
+        for t in range(5):
+            n = 4 + t + (1 if (t == 2 and step == 2) else 0)  # t2's series change at step 2
+            names = [f"m{i % 3}" for i in range(n)]
+            labels = [make_labels({"i": str(i)}) for i in range(n)]
+            if t == 4:  # one series listed twice: the later value wins
+                names.append(names[0])
+                labels.append(labels[0])
+                n += 1
+            values = rng.normal(size=n)
+            values[rng.random(n) < 0.2] = np.nan
+            out.append((f"t{t}", 1_800_000_000.0 + 15 * step, names, labels, values))
+    return out
+
+
+def _stored(s: Store, prefix: str) -> dict:
+    """Every stored sample of the targets named ``prefix...``, keyed without the prefix."""
+    got = {}
+    for key in s.series():
+        if not key.target.startswith(prefix):
+            continue
+        for data in s.range(key.name, start=0, end=2e9, target=key.target,
+                            match=dict(key.labels)):
+            got[(data.key.target.removeprefix(prefix), data.key.name, data.key.labels)] = (
+                list(data.ts), list(data.values))
+    return got
+
+
+def test_a_flush_in_small_groups_stores_what_one_group_does(
+    make_store, monkeypatch
+) -> None:
+    rng = np.random.default_rng(7)
+    scrapes = _scrapes(rng)
+    whole, grouped = make_store(), make_store()
+    # The two stores share one database: their targets are told apart by a prefix.
+    for s, prefix in ((whole, "w"), (grouped, "g")):
+        if s is grouped:
+            monkeypatch.setattr(store_module, "FLUSH_GROUP_SAMPLES", 3)
+        for target, ts, names, labels, values in scrapes:
+            s.write_columns(prefix + target, ts, names, labels, values)
+        written = s.flush()
+        assert written == sum(int((~np.isnan(v)).sum()) for *_, v in scrapes) - 3  # t4 twice
+    got, want = _stored(grouped, "g"), _stored(whole, "w")
+    # t0..t4 list 4, 5, 6 (7 at the last step), 7 and 8 (one twice) series; the random NaN
+    # leave a few without any value, hence without a row.
+    assert 25 <= len(want) <= 31
+    assert got == want
