@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import store.store as store_module
-from schemas.samples import make_labels
+from schemas.samples import Labels, make_labels
 from store import Store
 from store.write import Layout, sample_columns, target_groups
 
@@ -115,7 +115,7 @@ def test_target_groups_keep_each_target_whole_and_in_order(items, limit) -> None
     flat = [item for group in groups for item in group]
     first_seen = list(dict.fromkeys(lay.target for lay, _ in work))
     assert flat == [item for target in first_seen for item in work if item[0].target == target]
-    owner = {}
+    owner: dict[str, int] = {}
     for g, group in enumerate(groups):
         for lay, _ in group:
             assert owner.setdefault(lay.target, g) == g
@@ -129,7 +129,9 @@ def test_target_groups_keep_each_target_whole_and_in_order(items, limit) -> None
         assert sum(len(lay.ids) for lay, _ in group if lay.target != last) < limit
 
 
-def _scrapes(rng: np.random.Generator) -> list[tuple[str, float, list[str], list, np.ndarray]]:
+def _scrapes(
+    rng: np.random.Generator,
+) -> list[tuple[str, float, list[str], list[Labels], np.ndarray]]:
     """A few scrapes of five targets, with NaN, a changed series list, a repeated series."""
     out = []
     for step in range(3):
@@ -147,7 +149,9 @@ def _scrapes(rng: np.random.Generator) -> list[tuple[str, float, list[str], list
     return out
 
 
-def _stored(s: Store, prefix: str) -> dict:
+def _stored(
+    s: Store, prefix: str
+) -> dict[tuple[str, str, Labels], tuple[list[float], list[float]]]:
     """Every stored sample of the targets named ``prefix...``, keyed without the prefix."""
     got = {}
     for key in s.series():
