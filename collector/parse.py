@@ -102,9 +102,10 @@ _ALLOWED_SUFFIXES = {
 # of the key, so sharing it between threads is harmless.  A target's steady state does not come
 # here at all (collector.shape reads a payload with an unchanged structure as values only), so
 # the cache serves first scrapes and changed payloads, and is kept small: an entry costs about
-# 800 bytes, so the bound is ~16 MB.  Past it, new heads are parsed cold and not cached; nothing
-# is evicted (a fleet whose series outnumber the bound would otherwise turn every lookup into a
-# miss).  Series that went away stay cached until ``clear_head_cache()``.
+# 800 bytes, so the bound is ~16 MB (longer heads than _SHARED_TEXT_MAX are never cached).
+# Past it, new heads are parsed cold and not cached; nothing is evicted (a fleet whose series
+# outnumber the bound would otherwise turn every lookup into a miss).  Series that went away
+# stay cached until ``clear_head_cache()``.
 _HEAD_CACHE: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {}
 _HEAD_CACHE_MAX = 20_000
 
@@ -285,7 +286,7 @@ def parse_fast(text: str, *, exposed_names: bool = False) -> list[MetricFamily] 
                 raise ParseError(
                     f"more than {MAX_LABELS} labels on one sample", lines.index(line) + 1, line
                 )
-            if len(cache) < _HEAD_CACHE_MAX:
+            if len(cache) < _HEAD_CACHE_MAX and len(head) <= _SHARED_TEXT_MAX:
                 cache[head] = hit
         try:
             value = float(vs)
@@ -437,7 +438,7 @@ def _parse_head(head: str) -> tuple[str, tuple[tuple[str, str], ...]] | None:
         return None
     values = parts[1::2]
     pairs = list(zip(names, values if reorder is None else reorder(values), strict=True))
-    if len(_PAIRS) < _PAIRS_MAX and len(_NAMES) < _PAIRS_MAX:
+    if len(_PAIRS) < _PAIRS_MAX and len(_NAMES) < _PAIRS_MAX and len(raw) <= _SHARED_TEXT_MAX:
         # Share equal (name, value) pairs and names between all the label sets of a fleet:
         # heads parsed cold (past the head cache) then cost one small tuple each, not a
         # fresh copy of every string (measured: most of the collector's memory at 1,000
@@ -456,6 +457,9 @@ def _parse_head(head: str) -> tuple[str, tuple[tuple[str, str], ...]] | None:
 _PAIRS: dict[tuple[str, str], tuple[str, str]] = {}
 _NAMES: dict[str, str] = {}
 _PAIRS_MAX = 100_000
+# Only texts up to this long are cached or shared: the tables are bounded in entries and never
+# emptied, and one hostile line may be 64 KiB.  Triton's longest heads are about 200.
+_SHARED_TEXT_MAX = 1024
 _LABELSETS: dict[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]] = {}
 _LABELSETS_MAX = 200_000
 
@@ -501,4 +505,8 @@ def _build(
         elif samples and not exposed_names:
             new = _new_tuple
             samples = [new(Sample, (s[0] + "_total", s[1], s[2])) for s in samples]
+    if len(_NAMES) < _PAIRS_MAX and len(name) + len(doc) <= _SHARED_TEXT_MAX:
+        # Every server of a fleet repeats the same family names and HELP texts.  (Bounded in
+        # length too: the table is never emptied, and a hostile HELP may be 1 MB long.)
+        name, doc = _NAMES.setdefault(name, name), _NAMES.setdefault(doc, doc)
     return MetricFamily(name, _FAST_TYPES[typ], doc, tuple(samples))

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import operator
 import re
+import sys
 from collections.abc import Container
 from itertools import compress
 from typing import NamedTuple
@@ -63,6 +64,7 @@ _MARKS = re.compile(r"^(#?)[^\n]* [^ \n]+$", re.M)
 _MAX_TOKEN = 64
 
 _new_tuple = tuple.__new__
+_intern = sys.intern
 _FLIP = bytes.maketrans(b"\x00\x01", b"\x01\x00")
 
 
@@ -87,7 +89,8 @@ class _Matcher:
         self.lengths = np.fromiter(map(len, fixed), np.int32, len(fixed))
         self.value_mask = value_mask
         self.comment_mask = value_mask.translate(_FLIP)
-        self.comment_tokens = tuple(compress(parts[1::2], self.comment_mask))
+        # The last word of each HELP and TYPE line: the same few dozen words on every server.
+        self.comment_tokens = tuple(map(_intern, compress(parts[1::2], self.comment_mask)))
 
     def values(self, text: str) -> Values | None:
         """The sample values of ``text``, or None when its structure differs (or is unusual)."""

@@ -155,6 +155,34 @@ def test_cache_eviction_changes_nothing(monkeypatch):
     assert len(parse_module._HEAD_CACHE) <= 7
 
 
+def test_equal_label_sets_are_one_tuple_and_long_texts_are_never_kept(monkeypatch):
+    for table in ("_HEAD_CACHE", "_PAIRS", "_NAMES", "_LABELSETS"):
+        monkeypatch.setattr(parse_module, table, {})
+    long_value = "x" * 2000
+    text = (
+        "# HELP a_total A.\n# TYPE a_total counter\n"
+        'a_total{model="m",version="1"} 1\n'
+        "# HELP b_total B.\n# TYPE b_total counter\n"
+        'b_total{model="m",version="1"} 2\n'
+        f'b_total{{model="{long_value}",version="1"}} 3\n'
+        f"# HELP c {long_value}\n# TYPE c gauge\n"
+        "c 4\n"
+    )
+    families = parse_fast(text)
+    assert families is not None and canon(families) == canon(parse_reference(text))
+    a, b, c = families
+    # One label set under two names: one tuple (a payload lists each set under many names).
+    assert a.samples[0].labels is b.samples[0].labels
+    # The 2,000-character label value and HELP text are parsed as usual but kept nowhere:
+    # the tables are bounded in entries only, and one hostile line may be 64 KiB.
+    assert b.samples[1].labels == (("model", long_value), ("version", "1"))
+    assert c.help == long_value
+    for table in ("_HEAD_CACHE", "_PAIRS", "_NAMES", "_LABELSETS"):
+        kept = getattr(parse_module, table)
+        assert not any(long_value in repr(k) for k in kept), table
+    assert 'a_total{model="m",version="1"}' in parse_module._HEAD_CACHE
+
+
 # --------------------------------------------------------------------------------------------
 # Inline payloads (in the style of prometheus_client's tests/test_parser.py)
 
