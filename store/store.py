@@ -372,14 +372,15 @@ class Store:
                 maintenance.rewind_watermarks(conn, lowest)
         return written
 
+    @staticmethod
     def _columns(
-        self, work: list[tuple[Layout, int, np.ndarray[Any, np.dtype[np.float64]], int]],
+        work: list[tuple[Layout, int, np.ndarray[Any, np.dtype[np.float64]], int]],
     ) -> tuple[np.ndarray[Any, np.dtype[np.int64]], np.ndarray[Any, np.dtype[np.int64]],
                np.ndarray[Any, np.dtype[np.float64]]]:
         """``work``'s samples as sorted columns without NaN (see ``sample_columns``)."""
         columns = sample_columns([(lay, ts_ms, values) for lay, ts_ms, values, _ in work])
         if columns is None:
-            return self._sorted_columns(work)
+            return Store._sorted_columns(work)
         sids, tss, vals = columns
         if any(w[3] for w in work):
             keep = ~np.isnan(vals)
