@@ -12,6 +12,7 @@ Other packages add their tables (alert states, probe results, reports...) to the
 from __future__ import annotations
 
 from sqlalchemy import (
+    DDL,
     BigInteger,
     Boolean,
     Column,
@@ -25,11 +26,13 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    event,
 )
 
 #: 2: ``samples`` (one row per sample) replaced by ``sample_chunks``; ``Store.create_schema``
 #: converts a version 1 database.
-SCHEMA_VERSION = 2
+#: 3: flushes append to ``sample_log``, which readers merge (an older tritonwatch would not).
+SCHEMA_VERSION = 3
 
 # Named constraints keep future migrations (ALTER ... DROP CONSTRAINT name) portable.
 metadata = MetaData(
@@ -84,6 +87,36 @@ sample_chunks = Table(
     Column("data", LargeBinary, nullable=False),
     PrimaryKeyConstraint("series_id", "start_ms", "seq"),
     sqlite_with_rowid=False,
+)
+
+# The flushes' append-only log (see store/samplelog.py): one row per target per flush, holding
+# that flush's chunks of the target's series packed into one blob.  A flush thus writes one
+# large row per target instead of one small row per series scattered over the chunks' B-tree,
+# which on SQLite rewrote a 4 KB page for every 16-byte sample at a fleet's 15 s interval.
+# Maintenance moves the log into ``sample_chunks`` (a few minutes' worth per series in one
+# chunk); readers merge both.  A rowid table: rows are appended in write order, and only the
+# small (target, seq) index entries land across a B-tree.
+sample_log = Table(
+    "sample_log",
+    metadata,
+    Column("target", Text, nullable=False),
+    Column("seq", BigInteger, nullable=False),
+    Column("start_ms", BigInteger, nullable=False),
+    Column("end_ms", BigInteger, nullable=False),
+    Column("n", Integer, nullable=False),  # samples
+    Column("data", LargeBinary, nullable=False),
+    PrimaryKeyConstraint("target", "seq"),
+)
+# PostgreSQL would try to compress every row's blob (pglz) before moving it out of line;
+# float64 samples do not compress, so that CPU is wasted on the hot path.
+event.listen(
+    sample_log,
+    "after_create",
+    DDL(  # type: ignore[no-untyped-call]  # SQLAlchemy's DDL has no annotations
+        "ALTER TABLE sample_log ALTER COLUMN data SET STORAGE EXTERNAL"
+    ).execute_if(
+        dialect="postgresql"
+    ),
 )
 
 # Write sequence of sample chunks on PostgreSQL (flushes of several processes take numbers

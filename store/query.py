@@ -23,6 +23,7 @@ from sqlalchemy import BigInteger, Connection, Table, cast, func, select
 
 from schemas import tables as t
 from schemas.samples import Labels, label_value, make_labels
+from store import samplelog
 from store.chunks import Merged, merge, run_bounds, window_start
 from store.values import SeriesData, SeriesKey
 
@@ -84,9 +85,13 @@ def find_series(
 def raw_samples(conn: Connection, ids: Sequence[int], *, lo_ms: int, hi_ms: int) -> Merged:
     """Samples of the series ``ids`` in ``[lo_ms, hi_ms]``, merged from their chunks.
 
-    One statement, so that each series is read from one snapshot even while compaction
-    replaces its chunks.  Bounded below by the window of ``lo_ms``: no chunk crosses a window.
+    The log's chunks are read first, then the stored chunks in one statement (one snapshot even
+    while compaction replaces them): a transposition committed in between moves log rows into
+    chunks already read as log, which the merge then holds twice and keeps once, rather than
+    out of a log not yet read.  Bounded below by the window of ``lo_ms``: no chunk crosses a
+    window.
     """
+    logged = samplelog.read(conn, ids, lo_ms=lo_ms, hi_ms=hi_ms)
     c = t.sample_chunks.c
     query = select(c.series_id, c.start_ms, c.seq, c.n, c.data).where(
         c.series_id.in_(ids),
@@ -94,7 +99,7 @@ def raw_samples(conn: Connection, ids: Sequence[int], *, lo_ms: int, hi_ms: int)
         c.start_ms <= hi_ms,
         c.end_ms >= lo_ms,
     )
-    return merge_rows(conn.execute(query).all(), lo_ms=lo_ms, hi_ms=hi_ms)
+    return merge_rows([*conn.execute(query).all(), *logged], lo_ms=lo_ms, hi_ms=hi_ms)
 
 
 def merge_rows(rows: Sequence[Any], *, lo_ms: int, hi_ms: int) -> Merged:
@@ -117,7 +122,7 @@ def count_samples(conn: Connection) -> int:
     """Samples stored.  A sample stored twice (overlapping chunks not compacted yet: a
     re-sent scrape, a retried flush) counts twice."""
     total = conn.execute(select(func.sum(t.sample_chunks.c.n))).scalar_one_or_none()
-    return int(total or 0)
+    return int(total or 0) + samplelog.count(conn)
 
 
 def raw_range(conn: Connection, series: Candidates, *, lo_ms: int, hi_ms: int) -> list[SeriesData]:

@@ -41,7 +41,7 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from schemas import tables as t
 from schemas.probes import ProbeResult
 from schemas.samples import Labels, Sample, TargetHealth
-from store import maintenance, migrate, query
+from store import maintenance, migrate, query, samplelog
 from store.chunks import encode, sort_keep_last
 from store.engine import build_engine, parse_url, redact, transaction
 from store.errors import QueryError, StoreError
@@ -50,7 +50,6 @@ from store.write import (
     Layout,
     SeriesKeyTuple,
     dialect_insert,
-    insert_chunks,
     next_seq,
     resolve_series,
     sample_columns,
@@ -68,7 +67,7 @@ SERIES_CACHE_TTL_S = 600.0
 #: in one flush.
 RESOLVE_SLICE = 20_000
 
-#: Samples a flush builds, encodes and inserts at a time (whole targets per group).
+#: Samples a flush encodes before inserting them (whole targets, one log row each).
 FLUSH_GROUP_SAMPLES = 65_536
 
 #: After a failed flush, ``write()`` waits this long before flushing automatically again, so
@@ -344,27 +343,34 @@ class Store:
         layouts.update(current)
         if not sum(len(values) - nan for _, _, values, nan in work):
             return 0
-        # 2. Per group of targets, three columns: each series' samples together, in time
-        # order, encoded and inserted before the next group's are built.  Series belong to one
-        # target, so grouping by target changes no chunk; it bounds what a flush holds at once
-        # (a 1,000-target flush built whole was a 70 MB RSS spike every flush interval).
-        # One ``sample_chunks`` row per series (two if its samples straddle a full hour, see
-        # ``store.chunks``), all with this flush's new write sequence number: the rows never
-        # collide with stored ones, and where they overlap stored samples readers take these
-        # (the last write).  A retried flush whose first commit did succeed after all stores
-        # the same samples twice; compaction folds them together.
+        # 2. Per target, three columns: each series' samples together, in time order, encoded
+        # as chunks (one per series, two if its samples straddle a full hour, see
+        # ``store.chunks``) and packed into one ``sample_log`` row, all with this flush's new
+        # write sequence number; the rows go in per group of targets, so that a flush never
+        # holds all of its encoded samples at once (a 1,000-target flush built whole was a
+        # 70 MB RSS spike every flush interval).  Readers take the log's chunks where they
+        # overlap stored samples (the last write); maintenance moves them into
+        # ``sample_chunks`` (``store.samplelog``).  A retried flush whose first commit did
+        # succeed after all stores the same samples twice; the merge folds them together.
         written = 0
         lowest: int | None = None
         with transaction(self._engine, write=True) as conn:
             seq = next_seq(conn)
-            for group in target_groups(work, FLUSH_GROUP_SAMPLES):
-                sids, tss, vals = self._columns(group)
+            rows: list[dict[str, Any]] = []
+            size = 0
+            for target_work in target_groups(work, 1):  # one target per group
+                sids, tss, vals = self._columns(target_work)
                 if not len(sids):
                     continue
-                insert_chunks(conn, encode(sids, tss, vals), seq)
+                rows.append(samplelog.row(target_work[0][0].target, seq, encode(sids, tss, vals)))
                 written += len(sids)
+                size += len(sids)
                 first = int(tss.min())
                 lowest = first if lowest is None else min(lowest, first)
+                if size >= FLUSH_GROUP_SAMPLES:
+                    samplelog.insert(conn, rows)
+                    rows, size = [], 0
+            samplelog.insert(conn, rows)
             # Samples older than the rollup watermark (a buffer flushed after an outage, or a
             # lagging second writer) move it back in this same transaction, so they are rolled
             # up before raw retention may delete them.
@@ -757,10 +763,15 @@ class Store:
     def rollup(self, now: float) -> int:
         """Build 5 m and 1 h rollups of buckets completed since the last run; returns rows.
 
-        Then compacts the raw chunks of hours that ended ``maintenance.COMPACT_AFTER_MS``
-        before ``now`` (not counted in the result).
+        First moves the flushes' log into chunks (``store.samplelog``); then compacts the raw
+        chunks of hours that ended ``maintenance.COMPACT_AFTER_MS`` before ``now`` (neither
+        counted in the result).
         """
         now_ms = round(now * 1000)
+        with self._db("move the sample log into chunks"):
+            moved = samplelog.transpose(self._engine, gate=self._flush_lock)
+        if moved:
+            log.debug("store: moved %d samples from the log into chunks", moved)
         with self._db("rollup"):
             written = maintenance.rollup(self._engine, now_ms=now_ms, gate=self._flush_lock)
         with self._db("compact"):

@@ -11,7 +11,7 @@ import itertools
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import numpy as np
@@ -34,7 +34,7 @@ from sqlalchemy import (
 
 from schemas import tables as t
 from schemas.samples import Sample, make_labels
-from store import Agg, Store, StoreError, maintenance, migrate, open_store
+from store import Agg, Store, StoreError, maintenance, migrate, open_store, samplelog
 from store import chunks as ck
 from store.engine import transaction
 from store.maintenance import _PG_LOCK_ROLLUP, COMPACT_REWIND, COMPACT_WATERMARK, get_meta
@@ -364,6 +364,7 @@ def test_a_version_1_database_is_upgraded_in_place(
     with transaction(engine, write=True) as conn:
         ids = {r.labels: r.id for r in conn.execute(select(t.series.c.id, t.series.c.labels))}
         conn.execute(delete(t.sample_chunks))
+        conn.execute(delete(t.sample_log))
         conn.execute(delete(t.meta))
         maintenance.set_meta(conn, "schema_version", "1")
         _v1.create_all(conn)
@@ -375,6 +376,7 @@ def test_a_version_1_database_is_upgraded_in_place(
         ]
         conn.execute(_v1_samples.insert(), rows)
     t.sample_chunks.drop(engine)
+    t.sample_log.drop(engine)  # version 1 had neither
     old.close()
 
     monkeypatch.setattr(migrate, "BATCH_ROWS", 101)  # several transactions, cut mid-series
@@ -423,10 +425,17 @@ def _chunk_rows(store: Store) -> list[tuple[int, int, int]]:
         ]
 
 
+def _flush_to_chunks(store: Store) -> None:
+    """Flush, then move the log into chunks: one chunk per series per flush, as the tests of
+    compaction and retention below want to see them."""
+    store.flush()
+    samplelog.transpose(store.sql_engine, gate=nullcontext())
+
+
 def test_retention_rewrites_a_chunk_that_straddles_the_cutoff(store: Store) -> None:
     for k in range(20):
         store.write("t", T + k * 15, [Sample("x", (), float(k))])
-    store.flush()  # one chunk: T .. T+285
+    _flush_to_chunks(store)  # one chunk: T .. T+285
     assert _chunk_rows(store) == [(T * 1000, (T + 285) * 1000, 20)]
     store.rollup(T + 900)
     # Cut at T+100: samples T..T+90 (7 of them) go, T+105.. stay.
@@ -472,7 +481,7 @@ def test_compaction_merges_an_hour_into_one_chunk_per_series(store: Store) -> No
     for k in range(240):
         store.write("t", T + k * 15, [Sample("x", _labels(i), float(k + i)) for i in range(2)])
         if k % 4 == 3:
-            store.flush()
+            _flush_to_chunks(store)
     assert len(_chunk_rows(store)) == 2 * 60
     expected = store.range("x", start=T, end=T + 3600)
     store.rollup(T + 3600 + 599)  # the hour ended less than 10 minutes ago
@@ -490,7 +499,7 @@ def test_compaction_racing_a_late_flush_loses_nothing(
     store, late = make_store(), make_store()  # a second collector on the same database
     for k in range(240):
         store.write("t", T + k * 15, [Sample("x", _labels(i), 1.0) for i in range(2)])
-        store.flush()
+        _flush_to_chunks(store)
     # Compaction does one series per transaction; right after it committed series 0, the
     # other collector flushes late samples into the same hour for both series: one replacing
     # a stored value, one new.
@@ -508,7 +517,7 @@ def test_compaction_racing_a_late_flush_loses_nothing(
             if batches == 2:  # the first one claimed the window
                 late.write("t", T + 15, [Sample("x", _labels(i), 2.0) for i in range(2)])
                 late.write("t", T + 20, [Sample("x", _labels(i), 3.0) for i in range(2)])
-                late.flush()
+                _flush_to_chunks(late)
 
     monkeypatch.setattr(maintenance, "transaction", spy)
     assert maintenance.compact(store.sql_engine, now_ms=(T + 3600 + 600) * 1000) > 0
@@ -534,7 +543,7 @@ def test_late_samples_into_a_compacted_hour_win_and_are_compacted_again(store: S
     assert len(_chunk_rows(store)) == 1
     store.write("t", T + 30, [Sample("x", (), -1.0)])  # replaces the value of T+30
     store.write("t", T + 31, [Sample("x", (), -2.0)])
-    store.flush()
+    _flush_to_chunks(store)
     assert len(_chunk_rows(store)) == 2
     (data,) = store.range("x", start=T + 15, end=T + 45)
     assert data.values == (1.0, -1.0, -2.0, 3.0)
@@ -554,7 +563,7 @@ def test_compaction_waits_for_a_flush_that_holds_a_write_number(postgres_db_url:
     try:
         for k in range(10):
             store.write("t", T + k * 15, [Sample("x", (), 1.0)])
-            store.flush()
+            _flush_to_chunks(store)
         with psycopg.connect(postgres_db_url) as flusher:
             flusher.execute("SELECT pg_advisory_xact_lock_shared(%s)", (_PG_LOCK_ROLLUP,))
             flusher.execute("SELECT nextval('sample_chunks_seq')")

@@ -1,0 +1,193 @@
+"""The flushes' append-only log (``store.samplelog``): its row format, what a flush writes,
+reading through it, and moving it into chunks without changing any answer."""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sqlalchemy import func, select, text
+
+from schemas import tables as t
+from schemas.samples import Sample, make_labels
+from store import Store, samplelog
+from store.chunks import encode, sort_keep_last
+from store.engine import transaction
+from store.query import merge_rows
+
+T = 1_795_798_800  # an aligned hour
+
+
+def _table_counts(store: Store) -> tuple[int, int]:
+    with transaction(store.sql_engine, write=False) as conn:
+        log_rows = conn.execute(select(func.count()).select_from(t.sample_log)).scalar_one()
+        chunk_rows = conn.execute(select(func.count()).select_from(t.sample_chunks)).scalar_one()
+    return int(log_rows), int(chunk_rows)
+
+
+def _move(store: Store) -> int:
+    return samplelog.transpose(store.sql_engine, gate=nullcontext())
+
+
+@st.composite
+def columns(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    keys = draw(st.lists(st.tuples(st.integers(1, 50), st.integers(0, 3 * 3_600_000)),
+                         min_size=1, max_size=60, unique=True))
+    values = draw(st.lists(st.floats(allow_nan=False), min_size=len(keys), max_size=len(keys)))
+    m = sort_keep_last(np.array([k[0] for k in keys], np.int64),
+                       np.array([k[1] for k in keys], np.int64) + T * 1000,
+                       np.array(values, np.float64))
+    return m.ids, m.ts, m.values
+
+
+@settings(max_examples=200, deadline=None)
+@given(cols=columns(), lo=st.integers(0, 3 * 3_600_000), span=st.integers(0, 3 * 3_600_000),
+       pick=st.sets(st.integers(1, 50), min_size=1))
+def test_a_packed_row_gives_back_its_samples_and_reads_filter_them(cols, lo, span, pick) -> None:
+    ids, ts, values = cols
+    enc = encode(ids, ts, values)
+    row = samplelog.row("t", 7, enc)
+    assert (row["start_ms"], row["end_ms"], row["n"]) == (ts.min(), ts.max(), len(ts))
+    u = samplelog._Unpacked(row["data"])
+    got = sort_keep_last(*u.columns())
+    assert got.ids.tolist() == ids.tolist() and got.ts.tolist() == ts.tolist()
+    assert got.values.tobytes() == values.tobytes()  # bit for bit: -0.0, inf, subnormals
+    # What ``read`` makes of the row: chunks of the picked series overlapping [lo, hi].
+    lo_ms, hi_ms = T * 1000 + lo, T * 1000 + lo + span
+    wanted = np.array(sorted(pick), np.int64)
+    rows = samplelog.chunk_rows(7, row["data"], wanted, lo_ms=lo_ms, hi_ms=hi_ms)
+    assert all(seq == 7 for _, _, seq, _, _ in rows)
+    m = merge_rows(rows, lo_ms=lo_ms, hi_ms=hi_ms)
+    keep = (ts >= lo_ms) & (ts <= hi_ms) & np.isin(ids, wanted)
+    assert m.ids.tolist() == ids[keep].tolist() and m.ts.tolist() == ts[keep].tolist()
+    assert m.values.tobytes() == values[keep].tobytes()
+
+
+_DAMAGED = [b"", b"\x05" + b"\x00" * 7, np.array([1, 9, 2, 5], "<i8").tobytes()]
+
+
+@pytest.mark.parametrize("data", _DAMAGED)
+def test_a_damaged_row_is_refused(data: bytes) -> None:
+    with pytest.raises(ValueError, match="sample_log row"):
+        samplelog._Unpacked(data)
+
+
+def test_a_flush_writes_one_log_row_per_target_and_moving_it_changes_no_answer(
+    store: Store,
+) -> None:
+    for k in range(4):
+        for target in ("a", "b", "c"):
+            store.write(target, T + k * 15, [
+                Sample("x", make_labels({"i": str(i)}), float(k * 100 + i)) for i in range(50)
+            ])
+    assert store.flush() == 600
+    assert _table_counts(store) == (3, 0)  # 150 series, 600 samples: three rows
+    assert store.count_samples() == 600
+    before = store.range("x", start=T, end=T + 3600)
+    assert len(before) == 150 and all(len(d.values) == 4 for d in before)
+    assert store.buckets("x", start=T, end=T + 59, step=60, agg="sum", target="b")
+
+    assert _move(store) == 600
+    assert _table_counts(store) == (0, 150)  # one chunk per series
+    assert store.count_samples() == 600
+    assert store.range("x", start=T, end=T + 3600) == before
+    assert _move(store) == 0
+
+
+def test_the_last_write_wins_across_the_log_and_the_chunks(make_store) -> None:
+    one, two = make_store(), make_store()  # two collectors writing the same series
+    one.write("t", T, [Sample("x", (), 1.0)])
+    one.write("t", T + 15, [Sample("x", (), 1.0)])
+    one.flush()
+    _move(one)
+    two.write("t", T, [Sample("x", (), 2.0)])  # a later write of the same timestamp
+    two.flush()
+    (data,) = one.range("x", start=T, end=T + 60)
+    assert data.values == (2.0, 1.0)
+    one.write("t", T, [Sample("x", (), 3.0)])
+    one.flush()  # two log rows now, of two flushes
+    (data,) = two.range("x", start=T, end=T + 60)
+    assert data.values == (3.0, 1.0)
+    _move(two)
+    assert _table_counts(one) == (0, 2)
+    (data,) = one.range("x", start=T, end=T + 60)
+    assert data.values == (3.0, 1.0)
+    two.write("t", T, [Sample("x", (), 4.0)])
+    two.flush()
+    (data,) = one.range("x", start=T, end=T + 60)
+    assert data.values == (4.0, 1.0)
+
+
+def test_moving_in_small_transactions_moves_whole_targets(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(samplelog, "TRANSPOSE_SAMPLES", 10)
+    for k in range(3):
+        for target in ("a", "b", "c", "d"):
+            store.write(target, T + k * 15, [Sample("x", (), float(k)), Sample("y", (), 1.0)])
+        store.flush()
+    before = store.range("x", start=T, end=T + 60)
+    assert _table_counts(store) == (12, 0)
+    transactions = 0
+    real = samplelog._move
+
+    def counting(conn, targets):
+        nonlocal transactions
+        transactions += 1
+        assert len(targets) == 2  # 6 samples each: the second target fills the budget
+        return real(conn, targets)
+
+    monkeypatch.setattr(samplelog, "_move", counting)
+    assert _move(store) == 24
+    assert transactions == 2
+    assert _table_counts(store) == (0, 8)
+    assert store.range("x", start=T, end=T + 60) == before
+
+
+def test_series_of_a_target_with_log_rows_are_not_deleted_as_empty(store: Store) -> None:
+    store.write("t", T, [Sample("x", (), 1.0)])
+    store.flush()
+    # Resolved "long ago" as far as this retention run is concerned; only the log holds data.
+    from store import maintenance
+
+    assert maintenance.delete_empty_series(store.sql_engine, resolved_before_ms=2**62) == 0
+    assert [k.name for k in store.series()] == ["x"]
+    _move(store)
+    assert maintenance.delete_empty_series(store.sql_engine, resolved_before_ms=2**62) == 0
+
+
+def test_rollups_include_samples_still_in_the_log(store: Store) -> None:
+    for k in range(40):
+        store.write("t", T + k * 15, [Sample("x", (), 1.0)])
+    store.flush()
+    # The rollup's transposition ran; a flush right after it puts more into the same buckets.
+    store.rollup(T + 60)
+    for k in range(40, 60):
+        store.write("t", T + k * 15, [Sample("x", (), 1.0)])
+    store.flush()
+    assert _table_counts(store)[0] == 1
+    from store import maintenance
+
+    maintenance.rollup(store.sql_engine, now_ms=(T + 3600) * 1000)  # reads the log as it is
+    (five,) = store.buckets("x", start=T, end=T + 899, step=300, agg="count")
+    assert five.values == (20.0, 20.0, 20.0)
+
+
+@pytest.mark.postgres
+def test_postgres_stores_log_data_uncompressed(postgres_db_url: str) -> None:
+    from store import open_store
+
+    s = open_store(postgres_db_url)
+    try:
+        s.create_schema()
+        with transaction(s.sql_engine, write=False) as conn:
+            storage = conn.execute(text(
+                "SELECT attstorage FROM pg_attribute WHERE attrelid = 'sample_log'::regclass "
+                "AND attname = 'data'"
+            )).scalar_one()
+        assert storage == "e"  # EXTERNAL: out of line, never pglz-compressed
+    finally:
+        s.close()
