@@ -89,23 +89,24 @@ sample_chunks = Table(
     sqlite_with_rowid=False,
 )
 
-# The flushes' append-only log (see store/samplelog.py): one row per target per flush, holding
-# that flush's chunks of the target's series packed into one blob.  A flush thus writes one
-# large row per target instead of one small row per series scattered over the chunks' B-tree,
+# The flushes' append-only log (see store/samplelog.py): one row per target and metric name
+# per flush, holding that flush's chunks of those series packed into one blob.  A flush thus
+# writes a row per name instead of a small row per series scattered over the chunks' B-tree,
 # which on SQLite rewrote a 4 KB page for every 16-byte sample at a fleet's 15 s interval.
 # Maintenance moves the log into ``sample_chunks`` (a few minutes' worth per series in one
 # chunk); readers merge both.  A rowid table: rows are appended in write order, and only the
-# small (target, seq) index entries land across a B-tree.
+# small (target, name, seq) index entries land across a B-tree.
 sample_log = Table(
     "sample_log",
     metadata,
     Column("target", Text, nullable=False),
+    Column("name", Text, nullable=False),
     Column("seq", BigInteger, nullable=False),
     Column("start_ms", BigInteger, nullable=False),
     Column("end_ms", BigInteger, nullable=False),
     Column("n", Integer, nullable=False),  # samples
     Column("data", LargeBinary, nullable=False),
-    PrimaryKeyConstraint("target", "seq"),
+    PrimaryKeyConstraint("target", "name", "seq"),
 )
 # PostgreSQL would try to compress every row's blob (pglz) before moving it out of line;
 # float64 samples do not compress, so that CPU is wasted on the hot path.

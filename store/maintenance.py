@@ -468,15 +468,16 @@ def delete_empty_series(engine: Engine, *, resolved_before_ms: int) -> int:
 
     The ``resolved_at`` guard closes the race with a writer that has just looked up (or
     created) a series and is about to insert its first samples: that lookup refreshed
-    ``resolved_at``, so the series is not deleted under it.  Series of a target with rows in
-    the log are kept whole: which series a row holds is inside its data.
+    ``resolved_at``, so the series is not deleted under it.  Series of a (target, name) with
+    rows in the log are all kept: which series a row holds is inside its data.
     """
     s = t.series
     empty = [
         ~exists().where(table.c.series_id == s.c.id)
         for table in (t.sample_chunks, t.rollups_5m, t.rollups_1h)
     ]
-    empty.append(~exists().where(t.sample_log.c.target == s.c.target))
+    logged = t.sample_log.c
+    empty.append(~exists().where(logged.target == s.c.target, logged.name == s.c.name))
     with transaction(engine, write=True) as conn:
         result = conn.execute(delete(s).where(s.c.resolved_at < resolved_before_ms, *empty))
     return max(result.rowcount, 0)

@@ -6,12 +6,15 @@ chunk per series per flush is a chunk per *sample*, and each lands at its own pl
 (measured at 1,000 targets: 39 MB/s written for 37.7k samples/s) and PostgreSQL's index had the
 same pattern.  So a flush writes instead one row per target, holding that flush's chunks of the
 target's series packed together, appended in write order; :func:`transpose` later moves a few
-minutes of log into ``sample_chunks`` at once, one chunk per series and window.
+minutes of log into ``sample_chunks`` at once, one chunk per series and window.  Rows are per
+target *and metric name*: a reader (an alert rule, a dashboard panel) asks for a few names, and
+decodes only their rows.
 
 Row format.  ``data`` is little-endian int64 words: ``k`` (chunks), then the ``k`` series ids,
 then the ``k`` sample counts, then the chunks' data one after the other, each in the
 ``store.chunks`` encoding (``n`` timestamps, then ``n`` float64 values).  ``start_ms`` and
-``end_ms`` are the row's oldest and newest sample, ``n`` its samples.
+``end_ms`` are the row's oldest and newest sample, ``n`` its samples; ``name`` the name of all
+of its series.
 
 The last-write rule still holds.  A log row carries its flush's ``seq``, so readers simply treat
 its chunks as chunks (:func:`read`).  :func:`transpose` moves *every* log row of a target at
@@ -32,15 +35,16 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from sqlalchemy import Connection, Engine, delete, func, select
+from sqlalchemy import Connection, Engine, delete, func, select, tuple_
 
 from schemas import tables as t
-from store.chunks import MAX_SAMPLES, Encoded, encode, sort_keep_last
+from store.chunks import MAX_SAMPLES, Encoded, encode, run_bounds, sort_keep_last
 from store.engine import transaction
 from store.write import PG_LOCK_ROLLUP, insert_chunks
 
-#: Samples moved into chunks per transaction (whole targets; one larger target goes alone).
-TRANSPOSE_SAMPLES = 1 << 20
+#: Samples moved into chunks per transaction (whole targets; one larger target goes alone):
+#: about 100 bytes of transient memory each.
+TRANSPOSE_SAMPLES = 1 << 18
 
 _LE_I64 = np.dtype("<i8")
 _LE_F64 = np.dtype("<f8")
@@ -48,25 +52,58 @@ _LE_F64 = np.dtype("<f8")
 ChunkRow = tuple[int, int, int, int, bytes]  # (series_id, start_ms, seq, n, data)
 
 
-def pack(chunks: Encoded) -> bytes:
-    """``chunks`` (one target's, from :func:`store.chunks.encode`) as one log row's data."""
-    head = np.empty(1 + 2 * len(chunks), _LE_I64)
-    head[0] = len(chunks)
-    head[1 : 1 + len(chunks)] = chunks.ids
-    head[1 + len(chunks) :] = chunks.n
-    return head.tobytes() + chunks.buf
+def pack(chunks: Encoded, lo: int = 0, hi: int | None = None) -> bytes:
+    """Chunks ``lo`` to ``hi`` (all by default) of ``chunks`` as one log row's data."""
+    hi = len(chunks) if hi is None else hi
+    k = hi - lo
+    head = np.empty(1 + 2 * k, _LE_I64)
+    head[0] = k
+    head[1 : 1 + k] = chunks.ids[lo:hi]
+    head[1 + k :] = chunks.n[lo:hi]
+    if not k:
+        return head.tobytes()
+    first, last = int(chunks.offsets[lo]), int(chunks.offsets[hi - 1] + 16 * chunks.n[hi - 1])
+    return head.tobytes() + chunks.buf[first:last]
 
 
-def row(target: str, seq: int, chunks: Encoded) -> dict[str, Any]:
-    """The ``sample_log`` row of one target's chunks written by flush ``seq``."""
-    return {
-        "target": target,
-        "seq": seq,
-        "start_ms": int(chunks.start_ms.min()),
-        "end_ms": int(chunks.end_ms.max()),
-        "n": int(chunks.n.sum()),
-        "data": pack(chunks),
-    }
+NameIndex = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], list[str]]
+
+
+def target_rows(
+    target: str,
+    seq: int,
+    columns: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.float64]],
+    names: NameIndex,
+) -> list[dict[str, Any]]:
+    """The ``sample_log`` rows of one target's samples written by flush ``seq``: one row per
+    metric name, so that a reader of a few names decodes only theirs.
+
+    ``columns`` are ``(ids, ts, values)`` sorted by ``(id, ts)`` without duplicate keys;
+    ``names`` gives each id's name (``write.Layout.name_index``, which must hold every id).
+    """
+    sids, ts, values = columns
+    index_ids, index_codes, index_names = names
+    codes = index_codes[np.searchsorted(index_ids, sids)]
+    if len(index_names) > 1:
+        # Grouped by name, still by (id, ts) within a name: what ``encode`` needs, as no id
+        # has two names.
+        order = np.argsort(codes, kind="stable")
+        sids, ts, values, codes = sids[order], ts[order], values[order], codes[order]
+    chunks = encode(sids, ts, values)
+    chunk_codes = codes[chunks.offsets // 16]
+    starts, ends = run_bounds(chunk_codes)
+    out = []
+    for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
+        out.append({
+            "target": target,
+            "name": index_names[int(chunk_codes[a])],
+            "seq": seq,
+            "start_ms": int(chunks.start_ms[a:b].min()),
+            "end_ms": int(chunks.end_ms[a:b].max()),
+            "n": int(chunks.n[a:b].sum()),
+            "data": pack(chunks, a, b),
+        })
+    return out
 
 
 def insert(conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
@@ -112,13 +149,13 @@ class _Unpacked:
 
 def read(conn: Connection, ids: Sequence[int], *, lo_ms: int, hi_ms: int) -> list[ChunkRow]:
     """The log's chunks of the series ``ids`` that overlap ``[lo_ms, hi_ms]``, as chunk rows
-    for ``query.merge_rows``.  Rows are found through the targets owning ``ids``."""
+    for ``query.merge_rows``.  Rows are found by the targets and names of ``ids``."""
     if not ids:
         return []
-    c = t.sample_log.c
-    owners = select(t.series.c.target).where(t.series.c.id.in_(ids)).distinct()
+    c, s = t.sample_log.c, t.series.c
+    owners = select(s.target, s.name).where(s.id.in_(ids)).distinct()
     stmt = select(c.seq, c.data).where(
-        c.target.in_(owners.scalar_subquery()), c.end_ms >= lo_ms, c.start_ms <= hi_ms
+        tuple_(c.target, c.name).in_(owners), c.end_ms >= lo_ms, c.start_ms <= hi_ms
     )
     wanted = np.asarray(ids, np.int64)
     out: list[ChunkRow] = []

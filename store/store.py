@@ -42,7 +42,7 @@ from schemas import tables as t
 from schemas.probes import ProbeResult
 from schemas.samples import Labels, Sample, TargetHealth
 from store import maintenance, migrate, query, samplelog
-from store.chunks import encode, sort_keep_last
+from store.chunks import sort_keep_last
 from store.engine import build_engine, parse_url, redact, transaction
 from store.errors import QueryError, StoreError
 from store.values import SeriesData, SeriesKey
@@ -50,6 +50,7 @@ from store.write import (
     Layout,
     SeriesKeyTuple,
     dialect_insert,
+    name_index,
     next_seq,
     resolve_series,
     sample_columns,
@@ -345,7 +346,7 @@ class Store:
             return 0
         # 2. Per target, three columns: each series' samples together, in time order, encoded
         # as chunks (one per series, two if its samples straddle a full hour, see
-        # ``store.chunks``) and packed into one ``sample_log`` row, all with this flush's new
+        # ``store.chunks``) and packed into a ``sample_log`` row per name, all with this flush's new
         # write sequence number; the rows go in per group of targets, so that a flush never
         # holds all of its encoded samples at once (a 1,000-target flush built whole was a
         # 70 MB RSS spike every flush interval).  Readers take the log's chunks where they
@@ -362,7 +363,10 @@ class Store:
                 sids, tss, vals = self._columns(target_work)
                 if not len(sids):
                     continue
-                rows.append(samplelog.row(target_work[0][0].target, seq, encode(sids, tss, vals)))
+                lays = list({id(w[0]): w[0] for w in target_work}.values())
+                rows += samplelog.target_rows(
+                    lays[0].target, seq, (sids, tss, vals), name_index(lays)
+                )
                 written += len(sids)
                 size += len(sids)
                 first = int(tss.min())

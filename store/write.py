@@ -84,7 +84,7 @@ class Layout:
     ``born`` is when the oldest of its ids was resolved (monotonic seconds).
     """
 
-    __slots__ = ("_order", "born", "ids", "labels", "names", "target", "unresolved")
+    __slots__ = ("_names", "_order", "born", "ids", "labels", "names", "target", "unresolved")
 
     BLOCK = 256
     ids: npt.NDArray[np.int64]
@@ -129,6 +129,7 @@ class Layout:
         #: Positions without an id yet (-1): series only ever seen as NaN, or not created yet.
         self.unresolved = int(np.count_nonzero(ids < 0))
         self._order: npt.NDArray[np.int64] | None = None
+        self._names: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], list[str]] | None = None
 
     def same(self, names: list[str], labels: list[Labels]) -> bool:
         # Identity first: list equality walks every item even for the list itself.
@@ -148,6 +149,20 @@ class Layout:
         )
         self.unresolved = int(np.count_nonzero(self.ids < 0))
         self._order = None
+        self._names = None
+
+    def name_index(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], list[str]]:
+        """``(ids, codes, names)``: the ids in ascending order, and for each the index in
+        ``names`` of its series' name.  Kept until the ids change."""
+        if self._names is None:
+            index: dict[str, int] = {}
+            codes = np.fromiter(
+                (index.setdefault(name, len(index)) for name in self.names),
+                np.int64, len(self.names),
+            )
+            order = np.argsort(self.ids, kind="stable")
+            self._names = (self.ids[order], codes[order], list(index))
+        return self._names
 
     def id_order(self) -> npt.NDArray[np.int64] | None:
         """Positions in ascending id order, or None when two positions share an id (a series
@@ -185,6 +200,25 @@ def target_groups(work: Iterable[_Work], limit: int) -> Iterator[list[_Work]]:
             group, size = [], 0
     if group:
         yield group
+
+
+def name_index(
+    layouts: Sequence[Layout],
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], list[str]]:
+    """:meth:`Layout.name_index` of several layouts of one target (its series changed within
+    one flush) together."""
+    if len(layouts) == 1:
+        return layouts[0].name_index()
+    names: dict[str, int] = {}
+    ids, codes = [], []
+    for lay in layouts:
+        lay_ids, lay_codes, lay_names = lay.name_index()
+        remap = np.array([names.setdefault(n, len(names)) for n in lay_names], np.int64)
+        ids.append(lay_ids)
+        codes.append(remap[lay_codes])
+    all_ids = np.concatenate(ids)
+    order = np.argsort(all_ids, kind="stable")
+    return all_ids[order], np.concatenate(codes)[order], list(names)
 
 
 def sample_columns(

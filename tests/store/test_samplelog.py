@@ -14,7 +14,7 @@ from sqlalchemy import func, select, text
 from schemas import tables as t
 from schemas.samples import Sample, make_labels
 from store import Store, samplelog
-from store.chunks import encode, sort_keep_last
+from store.chunks import sort_keep_last
 from store.engine import transaction
 from store.query import merge_rows
 
@@ -45,22 +45,33 @@ def columns(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 @settings(max_examples=200, deadline=None)
 @given(cols=columns(), lo=st.integers(0, 3 * 3_600_000), span=st.integers(0, 3 * 3_600_000),
-       pick=st.sets(st.integers(1, 50), min_size=1))
-def test_a_packed_row_gives_back_its_samples_and_reads_filter_them(cols, lo, span, pick) -> None:
+       pick=st.sets(st.integers(1, 50), min_size=1), kinds=st.integers(1, 4))
+def test_rows_per_name_give_back_their_samples_and_reads_filter_them(
+    cols, lo, span, pick, kinds
+) -> None:
     ids, ts, values = cols
-    enc = encode(ids, ts, values)
-    row = samplelog.row("t", 7, enc)
-    assert (row["start_ms"], row["end_ms"], row["n"]) == (ts.min(), ts.max(), len(ts))
-    u = samplelog._Unpacked(row["data"])
-    got = sort_keep_last(*u.columns())
-    assert got.ids.tolist() == ids.tolist() and got.ts.tolist() == ts.tolist()
-    assert got.values.tobytes() == values.tobytes()  # bit for bit: -0.0, inf, subnormals
-    # What ``read`` makes of the row: chunks of the picked series overlapping [lo, hi].
+    # Series id i is named "m{i % kinds}".
+    unique = np.unique(ids)
+    index = (unique, unique % kinds, [f"m{k}" for k in range(kinds)])
+    rows = samplelog.target_rows("t", 7, (ids, ts, values), index)
+    names = [r["name"] for r in rows]
+    assert len(names) == len(set(names)) == len({int(i) % kinds for i in unique})
     lo_ms, hi_ms = T * 1000 + lo, T * 1000 + lo + span
     wanted = np.array(sorted(pick), np.int64)
-    rows = samplelog.chunk_rows(7, row["data"], wanted, lo_ms=lo_ms, hi_ms=hi_ms)
-    assert all(seq == 7 for _, _, seq, _, _ in rows)
-    m = merge_rows(rows, lo_ms=lo_ms, hi_ms=hi_ms)
+    parts, picked = [], []
+    for r in rows:
+        got = samplelog._Unpacked(r["data"]).columns()
+        assert {f"m{int(i) % kinds}" for i in got[0]} == {r["name"]}
+        assert (r["start_ms"], r["end_ms"], r["n"]) == (got[1].min(), got[1].max(), len(got[1]))
+        parts.append(got)
+        # What ``read`` makes of the row: chunks of the picked series overlapping [lo, hi].
+        chunk_rows = samplelog.chunk_rows(7, r["data"], wanted, lo_ms=lo_ms, hi_ms=hi_ms)
+        assert all(seq == 7 for _, _, seq, _, _ in chunk_rows)
+        picked += chunk_rows
+    back = sort_keep_last(*(np.concatenate([p[k] for p in parts]) for k in range(3)))
+    assert back.ids.tolist() == ids.tolist() and back.ts.tolist() == ts.tolist()
+    assert back.values.tobytes() == values.tobytes()  # bit for bit: -0.0, inf, subnormals
+    m = merge_rows(picked, lo_ms=lo_ms, hi_ms=hi_ms)
     keep = (ts >= lo_ms) & (ts <= hi_ms) & np.isin(ids, wanted)
     assert m.ids.tolist() == ids[keep].tolist() and m.ts.tolist() == ts[keep].tolist()
     assert m.values.tobytes() == values[keep].tobytes()
@@ -84,7 +95,7 @@ def test_a_flush_writes_one_log_row_per_target_and_moving_it_changes_no_answer(
                 Sample("x", make_labels({"i": str(i)}), float(k * 100 + i)) for i in range(50)
             ])
     assert store.flush() == 600
-    assert _table_counts(store) == (3, 0)  # 150 series, 600 samples: three rows
+    assert _table_counts(store) == (3, 0)  # 150 series of one name, 600 samples: three rows
     assert store.count_samples() == 600
     before = store.range("x", start=T, end=T + 3600)
     assert len(before) == 150 and all(len(d.values) == 4 for d in before)
@@ -130,7 +141,7 @@ def test_moving_in_small_transactions_moves_whole_targets(
             store.write(target, T + k * 15, [Sample("x", (), float(k)), Sample("y", (), 1.0)])
         store.flush()
     before = store.range("x", start=T, end=T + 60)
-    assert _table_counts(store) == (12, 0)
+    assert _table_counts(store) == (24, 0)  # per target, name and flush
     transactions = 0
     real = samplelog._move
 
