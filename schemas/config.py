@@ -250,14 +250,13 @@ class StoreConfig(_Frozen):
     url: str = DEFAULT_STORE_URL
     """``sqlite:///path.db`` (embedded default) or ``postgresql://user:pass@host/db``."""
     flush_interval: PositiveDuration = 15.0
-    """Buffered samples are committed at least this often.  Each commit writes one chunk row
-    per series it holds samples of, and a row costs about as much as its first sample again:
-    measured on SQLite at 1 s scrapes, 1.1 us per sample flushing every 5 s against 0.4 us
-    every 15 s (bench/vs_prometheus.py).  Alert evaluation flushes first, so rules never see
+    """Buffered samples are committed at least this often.  Each commit appends a row per
+    target and metric name to the sample log (``store.samplelog``) and costs a transaction, so
+    fewer, larger commits are cheaper.  Alert evaluation flushes first, so rules never see
     stale data; other readers (the API, the CLI) see a scrape at most this long after it, and a
     crash loses at most this much."""
     batch_samples: int = Field(default=1_000_000, ge=1_000, le=10_000_000)
-    """Commit early once this many samples are buffered.  Each commit rewrites a page per series
+    """Commit early once this many samples are buffered.  Each commit rewrites a page per name
     it touches, so fewer, larger commits are cheaper; the buffer holds up to 10x this while the
     database is unavailable."""
     retention: RetentionConfig = RetentionConfig()

@@ -10,7 +10,9 @@ whole (``np.frombuffer``), so no Python object is ever built per sample.  The ro
 repeats ``n``, the first and last timestamp (``start_ms``, ``end_ms``) and ``seq``.
 
 Windows.  A chunk never crosses a boundary of the aligned :data:`WINDOW_MS` (1 h) grid: a
-flush writes one chunk per series, split in two only when its samples straddle a full hour.
+flush encodes one chunk per series (kept in the sample log, ``store.samplelog``, until
+maintenance merges a few minutes of them into one), split in two only when its samples
+straddle a full hour.
 So every chunk holding samples at or after ``lo`` starts at or after ``lo``'s window, and the
 chunks overlapping ``[lo, hi]`` are a bounded primary-key range scan
 (``start_ms BETWEEN window(lo) AND hi AND end_ms >= lo``) with no index on ``end_ms``; and
@@ -181,6 +183,36 @@ def merge(
             # Overlapping chunks.
             return sort_keep_last(sids, ts, values)
     return Merged(sids, ts, values)
+
+
+def decode(ids: I64, seqs: I64, ns: I64, blobs: list[bytes]) -> tuple[I64, I64, F64, I64]:
+    """Every sample of the chunks given as parallel columns: ``(ids, ts, values, seqs)``,
+    grouped by chunk in the given order.  Raises ValueError as :func:`merge` does."""
+    total = int(ns.sum())
+    buf = b"".join(blobs)
+    if len(buf) != 16 * total:
+        raise ValueError(f"sample chunks hold {len(buf)} bytes of data, expected {16 * total}")
+    words = np.frombuffer(buf, _LE_I64)
+    first = np.cumsum(ns) - ns
+    at = np.repeat(first, ns) + np.arange(total, dtype=np.int64)
+    ts = words[at].astype(np.int64, copy=False)
+    values = words[at + np.repeat(ns, ns)].view(_LE_F64).astype(np.float64, copy=False)
+    return np.repeat(ids, ns), ts, values, np.repeat(seqs, ns)
+
+
+def last_writes(ids: I64, ts: I64, values: F64, seqs: I64, *, lo_ms: int, hi_ms: int) -> Merged:
+    """Samples in ``[lo_ms, hi_ms]`` sorted by ``(id, ts)``, keeping of equal keys the one of
+    the highest ``seq`` (of equal ``seq``, the one given last)."""
+    keep = (ts >= lo_ms) & (ts <= hi_ms)
+    if not keep.all():
+        ids, ts, values, seqs = ids[keep], ts[keep], values[keep], seqs[keep]
+    order = np.lexsort((seqs, ts, ids))
+    ids, ts, values = ids[order], ts[order], values[order]
+    last = np.ones(len(ts), bool)
+    last[:-1] = (ids[1:] != ids[:-1]) | (ts[1:] != ts[:-1])
+    if not last.all():
+        ids, ts, values = ids[last], ts[last], values[last]
+    return Merged(ids, ts, values)
 
 
 def sort_keep_last(ids: I64, ts: I64, values: F64) -> Merged:

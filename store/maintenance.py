@@ -307,11 +307,12 @@ def compact(engine: Engine, *, now_ms: int, gate: Gate | None = None) -> int:
     """Merge the chunks of each series in every window (``store.chunks.WINDOW_MS``) that ended
     :data:`COMPACT_AFTER_MS` ago; returns the number of chunks removed.
 
-    A flush writes one chunk per series (a scrape interval's worth), so an hour holds hundreds
-    per series; compaction leaves one (or, past ``MAX_SAMPLES``, a few), resolving overlaps by
-    the last-write rule.  Windows go in order (:data:`COMPACT_WATERMARK`), each in one
-    transaction per :data:`_COMPACT_IDS` series; a series is rewritten only if more than one of
-    its chunks in the window is not full.
+    The sample log is moved into chunks every maintenance run (``store.samplelog``), one chunk
+    per series each time, so an hour holds a dozen or more per series; compaction leaves one
+    (or, past ``MAX_SAMPLES``, a few), resolving overlaps by the last-write rule.  Windows go
+    in order (:data:`COMPACT_WATERMARK`), each in one transaction per :data:`_COMPACT_IDS`
+    series; a series is rewritten only if more than one of its chunks in the window is not
+    full.
 
     Why nothing is lost.  Every transaction holds the rollup lock exclusively, and a flush
     holds it in shared mode from before it takes its ``seq`` until it commits (SQLite

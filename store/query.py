@@ -24,7 +24,7 @@ from sqlalchemy import BigInteger, Connection, Table, cast, func, select
 from schemas import tables as t
 from schemas.samples import Labels, label_value, make_labels
 from store import samplelog
-from store.chunks import Merged, merge, run_bounds, window_start
+from store.chunks import Merged, decode, last_writes, merge, run_bounds, window_start
 from store.values import SeriesData, SeriesKey
 
 Agg = Literal["avg", "min", "max", "sum", "count", "last"]
@@ -99,7 +99,21 @@ def raw_samples(conn: Connection, ids: Sequence[int], *, lo_ms: int, hi_ms: int)
         c.start_ms <= hi_ms,
         c.end_ms >= lo_ms,
     )
-    return merge_rows([*conn.execute(query).all(), *logged], lo_ms=lo_ms, hi_ms=hi_ms)
+    rows = conn.execute(query).all()
+    if not len(logged[0]):
+        return merge_rows(rows, lo_ms=lo_ms, hi_ms=hi_ms)
+    stored = _empty_columns()
+    if rows:
+        sids, _, seqs, ns, blobs = zip(*rows, strict=True)
+        stored = decode(np.array(sids, np.int64), np.array(seqs, np.int64),
+                        np.array(ns, np.int64), list(blobs))
+    both = [np.concatenate([a, b]) for a, b in zip(stored, logged, strict=True)]
+    return last_writes(both[0], both[1], both[2], both[3], lo_ms=lo_ms, hi_ms=hi_ms)
+
+
+def _empty_columns() -> samplelog.Columns:
+    empty = np.empty(0, np.int64)
+    return empty, empty, np.empty(0, np.float64), empty
 
 
 def merge_rows(rows: Sequence[Any], *, lo_ms: int, hi_ms: int) -> Merged:

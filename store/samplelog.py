@@ -49,8 +49,6 @@ TRANSPOSE_SAMPLES = 1 << 18
 _LE_I64 = np.dtype("<i8")
 _LE_F64 = np.dtype("<f8")
 
-ChunkRow = tuple[int, int, int, int, bytes]  # (series_id, start_ms, seq, n, data)
-
 
 def pack(chunks: Encoded, lo: int = 0, hi: int | None = None) -> bytes:
     """Chunks ``lo`` to ``hi`` (all by default) of ``chunks`` as one log row's data."""
@@ -112,73 +110,93 @@ def insert(conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
         conn.execute(t.sample_log.insert(), list(rows))
 
 
-class _Unpacked:
-    """One log row's chunks as columns (no copy of the samples)."""
+class _Rows:
+    """Log rows decoded together, as columns of their chunks (no per-row Python work: a read
+    of one name across a fleet is tens of thousands of small rows)."""
 
-    __slots__ = ("ids", "ns", "offsets", "raw", "words")
+    __slots__ = ("at", "ids", "ns", "seqs", "words")
 
-    def __init__(self, data: bytes) -> None:
-        words = np.frombuffer(data, _LE_I64)
-        if not len(words):
-            raise ValueError("sample_log row holds no data")
-        k = int(words[0])
-        if k < 0 or len(words) < 1 + 2 * k:
-            raise ValueError(f"sample_log row of {len(data)} bytes cannot hold {k} chunks")
-        self.raw = data
-        self.ids = words[1 : 1 + k].astype(np.int64)
-        self.ns = words[1 + k : 1 + 2 * k].astype(np.int64)
-        if (self.ns < 1).any() or len(words) != 1 + 2 * k + 2 * int(self.ns.sum()):
-            raise ValueError(
-                f"sample_log row of {len(data)} bytes does not hold its {int(self.ns.sum())} "
-                "samples"
-            )
+    def __init__(self, seqs: Sequence[int], datas: Sequence[bytes]) -> None:
+        lens = np.fromiter(map(len, datas), np.int64, len(datas))
+        if (lens % 8).any() or (lens < 8).any():
+            raise ValueError("sample_log row data is not a whole number of int64 words")
+        words = np.frombuffer(b"".join(datas), _LE_I64)
+        row_at = np.cumsum(lens // 8) - lens // 8
+        k = words[row_at].astype(np.int64)
+        if (k < 1).any() or (1 + 2 * k > lens // 8).any():
+            raise ValueError("sample_log row header names more chunks than the row holds")
+        row = np.repeat(np.arange(len(datas), dtype=np.int64), k)
+        first = np.cumsum(k) - k
+        pos = np.arange(int(k.sum()), dtype=np.int64) - first[row]
+        id_at = row_at[row] + 1 + pos
+        ns = words[id_at + k[row]].astype(np.int64)
+        if (ns < 1).any():
+            raise ValueError("sample_log row holds an empty chunk")
+        if ((1 + 2 * k + 2 * np.add.reduceat(ns, first)) != lens // 8).any():
+            raise ValueError("sample_log row does not hold the samples its header counts")
+        before = np.cumsum(ns) - ns
         self.words = words
-        #: Word index (into ``words``) of each chunk's first timestamp.
-        self.offsets = 1 + 2 * k + 2 * (np.cumsum(self.ns) - self.ns)
+        self.ids = words[id_at].astype(np.int64)
+        self.ns = ns
+        #: Word index of each chunk's first timestamp.
+        self.at = (row_at + 1 + 2 * k)[row] + 2 * (before - before[first][row])
+        self.seqs = np.asarray(seqs, np.int64)[row]
 
-    def columns(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64],
-                               npt.NDArray[np.float64]]:
-        """Every sample: ``(series ids, timestamps, values)``, grouped by chunk."""
-        ns, total = self.ns, int(self.ns.sum())
-        first = np.repeat(self.offsets, ns)
-        pos = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(ns) - ns, ns)
-        ts = self.words[first + pos].astype(np.int64)
-        values = self.words[first + np.repeat(ns, ns) + pos].view(_LE_F64).astype(np.float64)
-        return np.repeat(self.ids, ns), ts, values
+    def samples(
+        self, keep: npt.NDArray[np.int64] | None = None
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.float64],
+               npt.NDArray[np.int64]]:
+        """``(ids, ts, values, seqs)`` of the samples of the chunks ``keep`` (all by default),
+        grouped by chunk."""
+        at, ns, ids, seqs = self.at, self.ns, self.ids, self.seqs
+        if keep is not None:
+            at, ns, ids, seqs = at[keep], ns[keep], ids[keep], seqs[keep]
+        total = int(ns.sum())
+        pos = np.repeat(at, ns) + np.arange(total, dtype=np.int64) - np.repeat(
+            np.cumsum(ns) - ns, ns
+        )
+        ts = self.words[pos].astype(np.int64)
+        values = self.words[pos + np.repeat(ns, ns)].view(_LE_F64).astype(np.float64)
+        return np.repeat(ids, ns), ts, values, np.repeat(seqs, ns)
 
 
-def read(conn: Connection, ids: Sequence[int], *, lo_ms: int, hi_ms: int) -> list[ChunkRow]:
-    """The log's chunks of the series ``ids`` that overlap ``[lo_ms, hi_ms]``, as chunk rows
-    for ``query.merge_rows``.  Rows are found by the targets and names of ``ids``."""
-    if not ids:
-        return []
+Columns = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.float64],
+                npt.NDArray[np.int64]]
+
+
+def read(conn: Connection, ids: Sequence[int], *, lo_ms: int, hi_ms: int) -> Columns:
+    """The log's samples of the series ``ids`` in the chunks that overlap ``[lo_ms, hi_ms]``:
+    ``(ids, ts, values, seqs)``, each sample with the ``seq`` of the flush that wrote it.
+    Rows are found by the targets and names of ``ids``."""
     c, s = t.sample_log.c, t.series.c
-    owners = select(s.target, s.name).where(s.id.in_(ids)).distinct()
-    stmt = select(c.seq, c.data).where(
-        tuple_(c.target, c.name).in_(owners), c.end_ms >= lo_ms, c.start_ms <= hi_ms
+    rows: list[Any] = []
+    if ids:
+        owners = select(s.target, s.name).where(s.id.in_(ids)).distinct()
+        rows = [*conn.execute(
+            select(c.seq, c.data).where(
+                tuple_(c.target, c.name).in_(owners), c.end_ms >= lo_ms, c.start_ms <= hi_ms
+            )
+        )]
+    return select_samples(
+        [r[0] for r in rows], [bytes(r[1]) for r in rows], np.asarray(ids, np.int64),
+        lo_ms=lo_ms, hi_ms=hi_ms,
     )
-    wanted = np.asarray(ids, np.int64)
-    out: list[ChunkRow] = []
-    for seq, data in conn.execute(stmt):
-        out += chunk_rows(int(seq), bytes(data), wanted, lo_ms=lo_ms, hi_ms=hi_ms)
-    return out
 
 
-def chunk_rows(
-    seq: int, data: bytes, ids: npt.NDArray[np.int64], *, lo_ms: int, hi_ms: int
-) -> list[ChunkRow]:
-    """The chunks of one log row (written by flush ``seq``) of the series ``ids`` that overlap
-    ``[lo_ms, hi_ms]``, as chunk rows."""
-    u = _Unpacked(data)
-    starts = u.words[u.offsets]
-    ends = u.words[u.offsets + u.ns - 1]
-    keep = np.flatnonzero(np.isin(u.ids, ids) & (starts <= hi_ms) & (ends >= lo_ms))
-    out: list[ChunkRow] = []
-    for i in keep.tolist():
-        at = 8 * int(u.offsets[i])
-        n = int(u.ns[i])
-        out.append((int(u.ids[i]), int(starts[i]), seq, n, u.raw[at : at + 16 * n]))
-    return out
+def select_samples(
+    seqs: Sequence[int], datas: Sequence[bytes], ids: npt.NDArray[np.int64], *, lo_ms: int,
+    hi_ms: int,
+) -> Columns:
+    """The samples of log rows (``seqs[i]``, ``datas[i]``) in their chunks of the series
+    ``ids`` that overlap ``[lo_ms, hi_ms]`` (samples outside it are left in)."""
+    if not datas:
+        empty = np.empty(0, np.int64)
+        return empty, empty, np.empty(0, np.float64), empty
+    r = _Rows(seqs, datas)
+    starts = r.words[r.at]
+    ends = r.words[r.at + r.ns - 1]
+    keep = np.flatnonzero(np.isin(r.ids, ids) & (starts <= hi_ms) & (ends >= lo_ms))
+    return r.samples(keep)
 
 
 def count(conn: Connection) -> int:
@@ -227,17 +245,13 @@ def _move(conn: Connection, targets: list[str]) -> int:
     rows = conn.execute(select(c.seq, c.data).where(where).order_by(c.seq)).all()
     if not rows:
         return 0
-    parts = [_Unpacked(bytes(data)).columns() for _, data in rows]
-    # Concatenated in seq order, so of equal (series, ts) keys the stable sort keeps the last
-    # write (``sort_keep_last``).
-    merged = sort_keep_last(
-        np.concatenate([p[0] for p in parts]),
-        np.concatenate([p[1] for p in parts]),
-        np.concatenate([p[2] for p in parts]),
-    )
+    sids, ts, values, _ = _Rows([seq for seq, _ in rows], [bytes(d) for _, d in rows]).samples()
+    # Rows in seq order, so of equal (series, ts) keys the stable sort keeps the last write
+    # (``sort_keep_last``).
+    merged = sort_keep_last(sids, ts, values)
     conn.execute(delete(t.sample_log).where(where))
     insert_chunks(
         conn, encode(merged.ids, merged.ts, merged.values, max_samples=MAX_SAMPLES),
         max(seq for seq, _ in rows),
     )
-    return sum(len(p[0]) for p in parts)
+    return len(sids)

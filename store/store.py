@@ -2,8 +2,9 @@
 
 Writes only touch memory: ``write()`` appends a scrape to a buffer and ``flush()`` (called by
 the collector on a timer, and automatically once ``batch_rows`` samples are waiting) sends it in
-two short transactions, one resolving new series, one inserting the samples.  Committing many
-scrapes at once matters on SQLite, which rewrites a 4 KB page per series per commit.
+two short transactions, one resolving new series, one appending the samples to the sample log
+(one row per target and metric name, ``store.samplelog``), which maintenance moves into
+per-series chunks every few minutes.
 
 If a flush fails the samples go back to the front of the buffer and the next flush retries
 them, so a database restart loses nothing unless the outage outlasts the buffer bound

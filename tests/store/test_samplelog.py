@@ -14,9 +14,8 @@ from sqlalchemy import func, select, text
 from schemas import tables as t
 from schemas.samples import Sample, make_labels
 from store import Store, samplelog
-from store.chunks import sort_keep_last
+from store.chunks import last_writes, sort_keep_last
 from store.engine import transaction
-from store.query import merge_rows
 
 T = 1_795_798_800  # an aligned hour
 
@@ -58,20 +57,21 @@ def test_rows_per_name_give_back_their_samples_and_reads_filter_them(
     assert len(names) == len(set(names)) == len({int(i) % kinds for i in unique})
     lo_ms, hi_ms = T * 1000 + lo, T * 1000 + lo + span
     wanted = np.array(sorted(pick), np.int64)
-    parts, picked = [], []
     for r in rows:
-        got = samplelog._Unpacked(r["data"]).columns()
+        got = samplelog._Rows([7], [r["data"]]).samples()
         assert {f"m{int(i) % kinds}" for i in got[0]} == {r["name"]}
         assert (r["start_ms"], r["end_ms"], r["n"]) == (got[1].min(), got[1].max(), len(got[1]))
-        parts.append(got)
-        # What ``read`` makes of the row: chunks of the picked series overlapping [lo, hi].
-        chunk_rows = samplelog.chunk_rows(7, r["data"], wanted, lo_ms=lo_ms, hi_ms=hi_ms)
-        assert all(seq == 7 for _, _, seq, _, _ in chunk_rows)
-        picked += chunk_rows
-    back = sort_keep_last(*(np.concatenate([p[k] for p in parts]) for k in range(3)))
+    # All rows decoded together, as ``read`` does, give back every sample...
+    seqs = list(range(len(rows)))
+    sids, sts, svals, sseqs = samplelog._Rows(seqs, [r["data"] for r in rows]).samples()
+    back = sort_keep_last(sids, sts, svals)
     assert back.ids.tolist() == ids.tolist() and back.ts.tolist() == ts.tolist()
     assert back.values.tobytes() == values.tobytes()  # bit for bit: -0.0, inf, subnormals
-    m = merge_rows(picked, lo_ms=lo_ms, hi_ms=hi_ms)
+    assert sorted(set(sseqs.tolist())) == seqs
+    # ...and what ``read`` keeps of them: the picked series' chunks overlapping [lo, hi].
+    picked = samplelog.select_samples(seqs, [r["data"] for r in rows], wanted,
+                                      lo_ms=lo_ms, hi_ms=hi_ms)
+    m = last_writes(*picked, lo_ms=lo_ms, hi_ms=hi_ms)
     keep = (ts >= lo_ms) & (ts <= hi_ms) & np.isin(ids, wanted)
     assert m.ids.tolist() == ids[keep].tolist() and m.ts.tolist() == ts[keep].tolist()
     assert m.values.tobytes() == values[keep].tobytes()
@@ -83,7 +83,7 @@ _DAMAGED = [b"", b"\x05" + b"\x00" * 7, np.array([1, 9, 2, 5], "<i8").tobytes()]
 @pytest.mark.parametrize("data", _DAMAGED)
 def test_a_damaged_row_is_refused(data: bytes) -> None:
     with pytest.raises(ValueError, match="sample_log row"):
-        samplelog._Unpacked(data)
+        samplelog._Rows([1], [data])
 
 
 def test_a_flush_writes_one_log_row_per_target_and_moving_it_changes_no_answer(
