@@ -43,8 +43,9 @@ from store.engine import transaction
 from store.write import PG_LOCK_ROLLUP, insert_chunks
 
 #: Samples moved into chunks per transaction (whole targets; one larger target goes alone):
-#: about 100 bytes of transient memory each.
-TRANSPOSE_SAMPLES = 1 << 18
+#: about 200 bytes of transient memory each (measured at 1,000 targets: 1 << 18 of them raised
+#: the collector's peak RSS by 50 MB).
+TRANSPOSE_SAMPLES = 1 << 16
 
 _LE_I64 = np.dtype("<i8")
 _LE_F64 = np.dtype("<f8")
