@@ -241,9 +241,13 @@ def _roll(
             stored = get_meta(conn, key)
             if stored is None:
                 # First run only: start at the oldest data (a full scan, once).
-                first = conn.execute(select(func.min(oldest))).scalar_one_or_none()
-                if first is None:
+                found = [conn.execute(select(func.min(oldest))).scalar_one_or_none()]
+                if raw:  # samples flushed since the log was last moved are still in it
+                    found.append(conn.execute(select(func.min(t.sample_log.c.start_ms))).scalar())
+                known = [int(f) for f in found if f is not None]
+                if not known:
                     return written  # nothing to summarise yet
+                first = min(known)
                 lo = int(first) // res * res
             else:
                 lo = int(stored)

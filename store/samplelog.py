@@ -29,6 +29,7 @@ series belongs to one target).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import Any
@@ -41,6 +42,8 @@ from schemas import tables as t
 from store.chunks import MAX_SAMPLES, Encoded, encode, run_bounds, sort_keep_last
 from store.engine import transaction
 from store.write import PG_LOCK_ROLLUP, insert_chunks
+
+log = logging.getLogger(__name__)
 
 #: Samples moved into chunks per transaction (whole targets; one larger target goes alone):
 #: about 200 bytes of transient memory each (measured at 1,000 targets: 1 << 18 of them raised
@@ -82,7 +85,10 @@ def target_rows(
     """
     sids, ts, values = columns
     index_ids, index_codes, index_names = names
-    codes = index_codes[np.searchsorted(index_ids, sids)]
+    pos = np.minimum(np.searchsorted(index_ids, sids), len(index_ids) - 1)
+    if not (index_ids[pos] == sids).all():
+        raise ValueError(f"sample_log rows of {target!r}: a series id has no name")
+    codes = index_codes[pos]
     if len(index_names) > 1:
         # Grouped by name, still by (id, ts) within a name: what ``encode`` needs, as no id
         # has two names.
@@ -124,15 +130,16 @@ class _Rows:
         words = np.frombuffer(b"".join(datas), _LE_I64)
         row_at = np.cumsum(lens // 8) - lens // 8
         k = words[row_at].astype(np.int64)
-        if (k < 1).any() or (1 + 2 * k > lens // 8).any():
+        # Compared before any arithmetic on them: a damaged count must not wrap around.
+        if (k < 1).any() or (k > lens // 16).any():
             raise ValueError("sample_log row header names more chunks than the row holds")
         row = np.repeat(np.arange(len(datas), dtype=np.int64), k)
         first = np.cumsum(k) - k
         pos = np.arange(int(k.sum()), dtype=np.int64) - first[row]
         id_at = row_at[row] + 1 + pos
         ns = words[id_at + k[row]].astype(np.int64)
-        if (ns < 1).any():
-            raise ValueError("sample_log row holds an empty chunk")
+        if (ns < 1).any() or (ns > lens[row] // 16).any():
+            raise ValueError("sample_log row counts an empty or oversized chunk")
         if ((1 + 2 * k + 2 * np.add.reduceat(ns, first)) != lens // 8).any():
             raise ValueError("sample_log row does not hold the samples its header counts")
         before = np.cumsum(ns) - ns
@@ -229,10 +236,37 @@ def transpose(engine: Engine, *, gate: AbstractContextManager[Any]) -> int:
     for group in groups:
         if not group:
             continue
-        with gate, transaction(engine, write=True) as conn:
-            _lock(conn)
-            moved += _move(conn, group)
+        try:
+            with gate, transaction(engine, write=True) as conn:
+                _lock(conn)
+                moved += _move(conn, group)
+        except ValueError:
+            # A damaged row (a damaged database, or another program's write) can be read by
+            # no one: it is dropped, loudly, so that it stops failing every read and every
+            # maintenance run of its series; the group's other rows move on.
+            with gate, transaction(engine, write=True) as conn:
+                _lock(conn)
+                _drop_damaged(conn, group)
+                moved += _move(conn, group)
     return moved
+
+
+def _drop_damaged(conn: Connection, targets: list[str]) -> None:
+    c = t.sample_log.c
+    rows = conn.execute(
+        select(c.target, c.name, c.seq, c.data).where(c.target.in_(targets))
+    ).all()
+    for target, name, seq, data in rows:
+        try:
+            _Rows([seq], [bytes(data)])
+        except ValueError as exc:
+            log.error(
+                "store: dropped a damaged sample_log row (target %r, name %r, write %d, "
+                "%d bytes): %s", target, name, seq, len(data), exc,
+            )
+            conn.execute(
+                delete(t.sample_log).where(c.target == target, c.name == name, c.seq == seq)
+            )
 
 
 def _lock(conn: Connection) -> None:
@@ -242,17 +276,25 @@ def _lock(conn: Connection) -> None:
 
 def _move(conn: Connection, targets: list[str]) -> int:
     c = t.sample_log.c
-    where = c.target.in_(targets)
-    rows = conn.execute(select(c.seq, c.data).where(where).order_by(c.seq)).all()
+    rows = conn.execute(
+        select(c.seq, c.data).where(c.target.in_(targets)).order_by(c.seq)
+    ).all()
     if not rows:
         return 0
-    sids, ts, values, _ = _Rows([seq for seq, _ in rows], [bytes(d) for _, d in rows]).samples()
+    top = max(seq for seq, _ in rows)
+    sids, ts, values, seqs = _Rows([seq for seq, _ in rows], [bytes(d) for _, d in rows]).samples()
     # Rows in seq order, so of equal (series, ts) keys the stable sort keeps the last write
     # (``sort_keep_last``).
     merged = sort_keep_last(sids, ts, values)
-    conn.execute(delete(t.sample_log).where(where))
-    insert_chunks(
-        conn, encode(merged.ids, merged.ts, merged.values, max_samples=MAX_SAMPLES),
-        max(seq for seq, _ in rows),
-    )
+    # Only the rows read: a writer that did not wait for the lock must not lose a row here.
+    conn.execute(delete(t.sample_log).where(c.target.in_(targets), c.seq <= top))
+    chunks = encode(merged.ids, merged.ts, merged.values, max_samples=MAX_SAMPLES)
+    # Each series' chunks take the highest seq of that series' rows, not of the whole group:
+    # a chunk of another writer (an older tritonwatch on a shared database) between the two
+    # keeps its place in write order.
+    order = np.argsort(sids, kind="stable")
+    starts, _ = run_bounds(sids[order])
+    top_of = np.maximum.reduceat(seqs[order], starts) if len(starts) else seqs
+    series = sids[order][starts]
+    insert_chunks(conn, chunks, top_of[np.searchsorted(series, chunks.ids)])
     return len(sids)

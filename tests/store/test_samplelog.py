@@ -14,8 +14,9 @@ from sqlalchemy import func, select, text
 from schemas import tables as t
 from schemas.samples import Sample, make_labels
 from store import Store, samplelog
-from store.chunks import last_writes, sort_keep_last
+from store.chunks import encode, last_writes, sort_keep_last
 from store.engine import transaction
+from store.write import insert_chunks, next_seq
 
 T = 1_795_798_800  # an aligned hour
 
@@ -77,7 +78,13 @@ def test_rows_per_name_give_back_their_samples_and_reads_filter_them(
     assert m.values.tobytes() == values[keep].tobytes()
 
 
-_DAMAGED = [b"", b"\x05" + b"\x00" * 7, np.array([1, 9, 2, 5], "<i8").tobytes()]
+_DAMAGED = [
+    b"",
+    b"\x05" + b"\x00" * 7,
+    np.array([1, 9, 2, 5], "<i8").tobytes(),
+    np.array([2, 1, 2, 2**62, 2**62], "<i8").tobytes(),  # counts that would wrap around
+    np.array([2**62, 1, 1, 5, 5], "<i8").tobytes(),
+]
 
 
 @pytest.mark.parametrize("data", _DAMAGED)
@@ -202,3 +209,58 @@ def test_postgres_stores_log_data_uncompressed(postgres_db_url: str) -> None:
         assert storage == "e"  # EXTERNAL: out of line, never pglz-compressed
     finally:
         s.close()
+
+
+def test_a_damaged_row_is_dropped_loudly_and_the_rest_moves_on(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    store.write("good", T, [Sample("x", (), 1.0)])
+    store.write("bad", T, [Sample("x", (), 2.0)])
+    store.flush()
+    with transaction(store.sql_engine, write=True) as conn:
+        conn.execute(t.sample_log.update().where(t.sample_log.c.target == "bad").values(
+            data=np.array([1, 9, 2, 5], "<i8").tobytes()))
+    monkey = pytest.MonkeyPatch()
+    monkey.setattr(samplelog, "TRANSPOSE_SAMPLES", 1)  # one target per transaction
+    try:
+        store.rollup(T + 3600)  # does not raise
+    finally:
+        monkey.undo()
+    assert "dropped a damaged sample_log row (target 'bad', name 'x'" in caplog.text
+    assert _table_counts(store) == (0, 1)  # the damaged row is gone, the good one moved
+    (data,) = store.range("x", start=T, end=T + 60, target="good")
+    assert data.values == (1.0,)
+    assert store.range("x", start=T, end=T + 60, target="bad") == []
+
+
+def test_moved_chunks_keep_their_own_series_write_order(store: Store) -> None:
+    # Target a's series is written by this store (log, seq s1), then by "another writer"
+    # straight into the chunk table (an older tritonwatch on a shared database, seq s2), then
+    # target b flushes (seq s3).  Moving a and b together must not rank a's older log write
+    # above the other writer's chunk.
+    store.write("a", T, [Sample("x", (), 1.0)])
+    store.flush()
+    with transaction(store.sql_engine, write=True) as conn:
+        seq = next_seq(conn)
+        sid = conn.execute(select(t.series.c.id).where(t.series.c.target == "a")).scalar_one()
+        chunk = encode(np.array([sid]), np.array([T * 1000]), np.array([2.0]))
+        insert_chunks(conn, chunk, seq)
+    store.write("b", T, [Sample("x", (), 3.0)])
+    store.flush()
+    (data,) = store.range("x", start=T, end=T + 60, target="a")
+    assert data.values == (2.0,)
+    _move(store)
+    assert _table_counts(store)[0] == 0
+    (data,) = store.range("x", start=T, end=T + 60, target="a")
+    assert data.values == (2.0,)
+
+
+def test_the_first_rollup_starts_at_samples_still_in_the_log(store: Store) -> None:
+    from store import maintenance
+
+    for k in range(40):
+        store.write("t", T + k * 15, [Sample("x", (), 1.0)])
+    store.flush()
+    assert maintenance.rollup(store.sql_engine, now_ms=(T + 3600) * 1000) > 0
+    (five,) = store.buckets("x", start=T, end=T + 599, step=300, agg="count")
+    assert five.values == (20.0, 20.0)
