@@ -300,6 +300,29 @@ def test_rule_reads_the_baseline_once_per_five_minutes(store: Store) -> None:
     assert rule.cache.reads == 4
 
 
+def test_rules_of_one_file_share_the_load_history_and_decide_as_alone(store: Store) -> None:
+    fill = step_at(ONSET, 0.6, 0.3)
+    write(store, lambda ts: (fill(ts), 20.0, step_at(ONSET, 0.01, 0.05)(ts)),
+          start=NOW - 5 * 3600, end=NOW + 3600)
+    queue = SPEC.model_copy(update={"name": "queue", "series": "sli:queue_time_seconds",
+                                    "direction": "up"})
+    shared = regression_rules([SPEC, queue])
+    alone = [RegressionRule(SPEC), RegressionRule(queue)]
+    counting = CountingStore(store)
+    for i in range(0, 20, 5):
+        now = NOW + i * 30.0
+        together = [r.evaluate(counting.as_store(), now) for r in shared]
+        assert together == [r.evaluate(store, now) for r in alone]
+        assert all(together)  # both fire: the comparison is not between two empty lists
+    a, b = (r.cache for r in shared if isinstance(r, RegressionRule))
+    assert a._load["trailing"] is b._load["trailing"]
+    assert alone[0].cache._load["trailing"] is not alone[1].cache._load["trailing"]
+    # The load was read once for both rules: the first read, then one slice at NOW + 300.
+    loads = [c for c in counting.calls
+             if c[1] == "sli:request_rate" and c[3] < NOW - SPEC.recent_window]
+    assert len(loads) == 1
+
+
 def test_week_ago_baseline_is_read_once_per_five_minutes_too(store: Store) -> None:
     write(store, lambda ts: (0.6, 20.0, 0.01), start=NOW - 5 * 3600, end=NOW + 3600)
     rule = RegressionRule(SPEC.model_copy(update={"baseline": "week_ago"}))
