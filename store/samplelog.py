@@ -30,6 +30,7 @@ series belongs to one target).
 from __future__ import annotations
 
 import logging
+import struct
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import Any
@@ -41,7 +42,7 @@ from sqlalchemy import Connection, Engine, delete, func, select, tuple_
 from schemas import tables as t
 from store.chunks import MAX_SAMPLES, Encoded, encode, run_bounds, sort_keep_last
 from store.engine import transaction
-from store.write import PG_LOCK_ROLLUP, insert_chunks
+from store.write import PG_COPY_HEADER, PG_COPY_TRAILER, PG_LOCK_ROLLUP, insert_chunks
 
 log = logging.getLogger(__name__)
 
@@ -112,9 +113,37 @@ def target_rows(
 
 
 def insert(conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
-    """Append ``rows`` (from :func:`row`) to the log."""
-    if rows:
+    """Append ``rows`` (from :func:`target_rows`) to the log.
+
+    PostgreSQL: one binary COPY, the data as it is (bound as a parameter, a bytea travels
+    hex-encoded: twice the bytes, and measurable CPU on both sides at 1 s scrapes).
+    """
+    if not rows:
+        return
+    if conn.dialect.name != "postgresql":
         conn.execute(t.sample_log.insert(), list(rows))
+        return
+    raw = conn.connection.driver_connection
+    assert raw is not None
+    with raw.cursor() as cur, cur.copy(
+        "COPY sample_log (target, name, seq, start_ms, end_ms, n, data) FROM STDIN "
+        "(FORMAT BINARY)"
+    ) as cp:
+        cp.write(PG_COPY_HEADER)
+        for r in rows:
+            target, name, data = r["target"].encode(), r["name"].encode(), r["data"]
+            cp.write(
+                struct.pack(">hi", 7, len(target)) + target + struct.pack(">i", len(name))
+                + name + _PG_LOG_FIELDS.pack(8, r["seq"], 8, r["start_ms"], 8, r["end_ms"],
+                                             4, r["n"], len(data))
+            )
+            cp.write(data)
+        cp.write(PG_COPY_TRAILER)
+
+
+# Binary COPY fields after the two texts: seq, start_ms, end_ms (int8), n (int4), the length of
+# data (then data itself).
+_PG_LOG_FIELDS = struct.Struct(">iqiqiqiii")
 
 
 class _Rows:

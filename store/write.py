@@ -316,16 +316,16 @@ def insert_chunks(conn: Connection, chunks: Encoded, seq: int | npt.NDArray[np.i
         "COPY sample_chunks (series_id, start_ms, seq, end_ms, n, data) FROM STDIN "
         "(FORMAT BINARY)"
     ) as cp:
-        cp.write(_PG_HEADER)
+        cp.write(PG_COPY_HEADER)
         for lo in range(0, len(chunks), _COPY_ROWS):  # bounded memory, as on SQLite
             cp.write(copy_rows(chunks, seq, lo, min(lo + _COPY_ROWS, len(chunks))))
-        cp.write(_PG_TRAILER)
+        cp.write(PG_COPY_TRAILER)
 
 
 # PostgreSQL binary COPY: a header, then per row a field count and (length, big-endian value)
 # per field (a bytea's value is its bytes as they are), then a trailer.
-_PG_HEADER = b"PGCOPY\n\xff\r\n\x00" + b"\x00\x00\x00\x00" + b"\x00\x00\x00\x00"
-_PG_TRAILER = b"\xff\xff"
+PG_COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + b"\x00\x00\x00\x00" + b"\x00\x00\x00\x00"
+PG_COPY_TRAILER = b"\xff\xff"
 # Field count; series_id, start_ms, seq, end_ms (int8); n (int4); the length of data.
 _PG_ROW_HEADER = struct.Struct(">h" + "iq" * 4 + "ii" + "i")
 # The same header as numpy fields (packed, big-endian), followed by a chunk's data.
@@ -343,7 +343,7 @@ _PG_ROW_FIELDS = [
 def copy_stream(chunks: Encoded, seq: int | npt.NDArray[np.int64]) -> bytes:
     """The binary COPY stream of ``chunks`` (rows of ``sample_chunks``), built column-wise:
     the header, :func:`copy_rows` of every chunk, the trailer."""
-    return _PG_HEADER + copy_rows(chunks, seq, 0, len(chunks)) + _PG_TRAILER
+    return PG_COPY_HEADER + copy_rows(chunks, seq, 0, len(chunks)) + PG_COPY_TRAILER
 
 
 def copy_rows(chunks: Encoded, seq: int | npt.NDArray[np.int64], lo: int, hi: int) -> bytes:
@@ -382,7 +382,7 @@ def copy_stream_rows(chunks: Encoded, seq: int | npt.NDArray[np.int64]) -> bytes
     seqs = np.broadcast_to(np.asarray(seq, np.int64), chunks.ids.shape).tolist()
     pack = _PG_ROW_HEADER.pack
     data = memoryview(chunks.buf)
-    parts: list[bytes | memoryview] = [_PG_HEADER]
+    parts: list[bytes | memoryview] = [PG_COPY_HEADER]
     for sid, start, sq, end, n, at in zip(
         chunks.ids.tolist(), chunks.start_ms.tolist(), seqs, chunks.end_ms.tolist(),
         chunks.n.tolist(), chunks.offsets.tolist(), strict=True,
@@ -390,5 +390,5 @@ def copy_stream_rows(chunks: Encoded, seq: int | npt.NDArray[np.int64]) -> bytes
         size = 16 * n
         parts.append(pack(6, 8, sid, 8, start, 8, sq, 8, end, 4, n, size))
         parts.append(data[at : at + size])
-    parts.append(_PG_TRAILER)
+    parts.append(PG_COPY_TRAILER)
     return b"".join(parts)

@@ -589,10 +589,10 @@ def test_compaction_waits_for_a_flush_that_holds_a_write_number(postgres_db_url:
 
 def _copy_rows(stream: bytes) -> list[bytes]:
     """The rows of a binary COPY stream (header and trailer checked), each as its bytes."""
-    from store.write import _PG_HEADER, _PG_TRAILER
+    from store.write import PG_COPY_HEADER, PG_COPY_TRAILER
 
-    assert stream.startswith(_PG_HEADER) and stream.endswith(_PG_TRAILER)
-    body, rows, at = stream[len(_PG_HEADER) : -len(_PG_TRAILER)], [], 0
+    assert stream.startswith(PG_COPY_HEADER) and stream.endswith(PG_COPY_TRAILER)
+    body, rows, at = stream[len(PG_COPY_HEADER) : -len(PG_COPY_TRAILER)], [], 0
     while at < len(body):
         size = 62 + int.from_bytes(body[at + 58 : at + 62], "big")
         rows.append(body[at : at + size])

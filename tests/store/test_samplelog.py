@@ -264,3 +264,15 @@ def test_the_first_rollup_starts_at_samples_still_in_the_log(store: Store) -> No
     assert maintenance.rollup(store.sql_engine, now_ms=(T + 3600) * 1000) > 0
     (five,) = store.buckets("x", start=T, end=T + 599, step=300, agg="count")
     assert five.values == (20.0, 20.0)
+
+
+def test_any_target_and_name_text_goes_through_the_log(store: Store) -> None:
+    # PostgreSQL takes log rows by binary COPY: texts are written as their UTF-8 bytes.
+    target, name = "triton-ä'; DROP TABLE series; --\"\t\\N", "métric_\u2603_total"
+    store.write(target, T, [Sample(name, make_labels({"model": "m\u00fc"}), 1.5)])
+    store.flush()
+    (data,) = store.range(name, start=T, end=T + 60, target=target)
+    assert (data.key.target, data.key.name, data.values) == (target, name, (1.5,))
+    _move(store)
+    (data,) = store.range(name, start=T, end=T + 60, target=target)
+    assert data.values == (1.5,)
