@@ -206,19 +206,17 @@ def last_writes(ids: I64, ts: I64, values: F64, seqs: I64, *, lo_ms: int, hi_ms:
     keep = (ts >= lo_ms) & (ts <= hi_ms)
     if not keep.all():
         ids, ts, values, seqs = ids[keep], ts[keep], values[keep], seqs[keep]
-    order = np.lexsort((seqs, ts, ids))
-    ids, ts, values = ids[order], ts[order], values[order]
-    last = np.ones(len(ts), bool)
-    last[:-1] = (ids[1:] != ids[:-1]) | (ts[1:] != ts[:-1])
-    if not last.all():
-        ids, ts, values = ids[last], ts[last], values[last]
-    return Merged(ids, ts, values)
+    return _last_of_each_key(np.lexsort((seqs, ts, ids)), ids, ts, values)
 
 
 def sort_keep_last(ids: I64, ts: I64, values: F64) -> Merged:
     """Samples sorted by ``(id, ts)``, keeping of equal keys the one given last (the sort is
     stable, so the last in the input order ends up last and is kept)."""
-    order = np.lexsort((ts, ids))
+    return _last_of_each_key(np.lexsort((ts, ids)), ids, ts, values)
+
+
+def _last_of_each_key(order: I64, ids: I64, ts: I64, values: F64) -> Merged:
+    """The samples in ``order`` (sorted by ``(id, ts)``), keeping the last of equal keys."""
     ids, ts, values = ids[order], ts[order], values[order]
     last = np.ones(len(ts), bool)
     last[:-1] = (ids[1:] != ids[:-1]) | (ts[1:] != ts[:-1])
