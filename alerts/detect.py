@@ -670,7 +670,11 @@ class RegressionRule:
                                             cache=self.cache)]
 
 
-def regression_rules(specs: Sequence[RegressionSpec]) -> list[Rule]:
-    """One rule per spec (the rules file's ``regressions``), sharing their load histories."""
-    loads: SharedLoads = {}
+def regression_rules(
+    specs: Sequence[RegressionSpec], loads: SharedLoads | None = None
+) -> list[Rule]:
+    """One rule per spec (the rules file's ``regressions``), sharing their load histories
+    through ``loads`` (a new dict when ``None``)."""
+    if loads is None:
+        loads = {}
     return [RegressionRule(spec, shared_loads=loads) for spec in specs]

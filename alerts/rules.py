@@ -223,12 +223,13 @@ def rules_from_file(rules: RulesFile) -> list[Rule]:
     """The SLO, threshold, regression and built-in rules of a validated file."""
     # Imported here: the regression detectors and built-in rules live in their own modules.
     from alerts.defaults import default_rules
-    from alerts.detect import regression_rules
+    from alerts.detect import SharedLoads, regression_rules
 
+    loads: SharedLoads = {}  # load histories, shared by every regression rule of the file
     out: list[Rule] = [SloBurnRule.from_spec(s) for s in rules.slos]
     out += [ThresholdRule(a) for a in rules.alerts]
-    out += regression_rules(rules.regressions)
-    out += default_rules(rules.defaults)
+    out += regression_rules(rules.regressions, loads)
+    out += default_rules(rules.defaults, loads)
     return out
 
 

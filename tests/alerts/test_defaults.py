@@ -310,3 +310,28 @@ def test_forecast_keeps_old_buckets_and_agrees_with_a_fresh_read(store: Store) -
     # 20 minutes: the kept part read once at first, then once per 5 minutes.
     assert kept._recent is not None and kept._recent.history.reads <= 1 + 5
     assert seen >= 40
+
+
+def test_builtin_and_file_regressions_read_the_load_once(store: Store) -> None:
+    # Every regression rule of a rules file (its own and the five built-in ones) weighs load
+    # by request rate over the same windows: one history of it, read once per slice, for all.
+    from alerts.detect import RegressionRule
+    from alerts.rules import rules_from_file
+    from schemas.rules import validate_rules
+
+    load(store, Scenario("steady", 0.0, 0, ONSET))
+    rules = rules_from_file(validate_rules({"regressions": [
+        {"name": "fill_rate_drop", "series": "sli:batch_fill_rate", "direction": "down",
+         "baseline": "trailing", "baseline_window": "4h"},
+    ]}))
+    regressions = [r for r in rules if isinstance(r, RegressionRule)]
+    assert len(regressions) == 6
+    counting = CountingStore(store)
+    for r in regressions:
+        assert r.evaluate(counting.as_store(), START) == []
+    loads = {id(r.cache._load[kind]) for r in regressions for kind in r.cache._load}
+    assert len(loads) == 2  # week_ago and trailing, each one history for all six rules
+    # Baseline reads start before the recent window: one per kind, not one per rule and kind.
+    baseline_reads = [c for c in counting.calls
+                      if c[1] == "sli:request_rate" and c[2] < START - 900.0 - 300.0]
+    assert len(baseline_reads) == 2, baseline_reads
