@@ -336,8 +336,27 @@ def baseline_windows(spec: RegressionSpec, now: float) -> list[tuple[str, tuple[
 
 
 class _Baseline(NamedTuple):
-    values: npt.NDArray[np.float64]  # the baseline's bucket values, sorted
+    n: int  # buckets with a value
     median: float
+
+
+#: Per row of a window: how many buckets have a value, and their median.
+RowStats = tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]
+
+
+def _row_stats(values: npt.NDArray[np.float64]) -> RowStats:
+    """Per row of ``values`` (NaN: no bucket): how many values, and their median (NaN for
+    none), as ``np.median`` of the row's values gives it: the middle one, or the mean of the
+    middle two."""
+    n = (~np.isnan(values)).sum(axis=1)
+    if not len(values):
+        return n, np.empty(0)
+    ordered = np.sort(values, axis=1)  # NaN last
+    rows = np.arange(len(values))
+    with np.errstate(invalid="ignore"):
+        median = (ordered[rows, np.maximum(n - 1, 0) // 2] + ordered[rows, n // 2 - (n == 0)]) / 2
+    median[n == 0] = np.nan
+    return n, median
 
 
 def _matching(labels: Labels, want: Mapping[str, str]) -> bool:
@@ -363,12 +382,15 @@ SharedLoads = dict[tuple[Any, ...], BucketHistory]
 class BaselineCache:
     """What one regression rule keeps between evaluations: per baseline kind, the window's
     step buckets (:class:`alerts.history.BucketHistory`, of the watched series and of the
-    load series) and, per quantum, each instance's sorted baseline values and load median.
+    load series) and, per quantum, each instance's baseline median and count (computed for
+    all instances at once; the values themselves are sorted only for the few instances whose
+    median shows an effect) and load median.
 
     Baselines are hours long and a week old or at least 15 minutes old, so they change only
     when their window moves to the next quantum; re-reading them from the store every 30 s
     made evaluation cost grow with stored history and fleet size.  Memory is one float per
-    bucket of the window per instance (about 2 KB for 4 h at 1 min) plus the load series'.
+    bucket of the window per instance (about 2 KB for 4 h at 1 min) plus the load series'
+    (a sorted copy per instance, kept until the window moved, doubled that).
     The load series' histories are shared through ``loads`` by the caches of every rule with
     the same load series and windows (the built-in rules all weigh load by request rate: at
     1,000 targets of 7 models, five copies of it were 60 MB).
@@ -385,9 +407,10 @@ class BaselineCache:
             RecentBuckets(spec.load_series, step=spec.step, by=_LOAD_BY, how="sum")
             if spec.load_series is not None else None
         )
-        # kind -> (window, instance -> baseline); kind -> (window, instance -> load median)
-        self._stats: dict[str, tuple[tuple[float, float], dict[GroupKey, _Baseline | None]]] = {}
+        # kind -> (window, stats of every instance); kind -> (window, instance -> load median)
+        self._stats: dict[str, tuple[tuple[float, float], RowStats | None]] = {}
         self._loads: dict[str, tuple[tuple[float, float], dict[GroupKey, float | None]]] = {}
+        self._by_target: dict[str, dict[str, list[int]]] = {}  # kind -> load rows per target
 
     @property
     def reads(self) -> int:
@@ -427,19 +450,26 @@ class BaselineCache:
                 self._load[kind] = load
             moved = load.advance(store, lo, hi) or moved
         if moved or kind not in self._stats or self._stats[kind][0] != window:
-            self._stats[kind] = (window, {})
+            self._stats[kind] = (window, None)
             self._loads[kind] = (window, {})
+            self._by_target.pop(kind, None)
 
     def baseline(self, kind: str, key: GroupKey) -> _Baseline | None:
-        stats = self._stats[kind][1]
-        if key not in stats:
-            arr = self._series[kind].data.get(key)
-            values = np.sort(arr[~np.isnan(arr)]) if arr is not None else None
-            stats[key] = (
-                _Baseline(values, float(np.median(values)))
-                if values is not None and len(values) else None
-            )
-        return stats[key]
+        """The instance's baseline count and median (``None``: no bucket in the window)."""
+        window, stats = self._stats[kind]
+        hist = self._series[kind]
+        if stats is None:
+            stats = _row_stats(hist.values)
+            self._stats[kind] = (window, stats)
+        i = hist.rows.get(key)
+        if i is None or not stats[0][i]:
+            return None
+        return _Baseline(int(stats[0][i]), float(stats[1][i]))
+
+    def baseline_values(self, kind: str, key: GroupKey) -> npt.NDArray[np.float64]:
+        """The instance's baseline bucket values, sorted."""
+        row = self._series[kind].row(key)
+        return np.sort(row[~np.isnan(row)]) if row is not None else np.empty(0)
 
     def load(self, kind: str, key: GroupKey) -> float | None:
         """Median over the window of the instance's load summed bucket by bucket."""
@@ -448,9 +478,14 @@ class BaselineCache:
             target, labels = key
             want = _load_match(labels)
             hist = self._load[kind]
+            by_target = self._by_target.get(kind)
+            if by_target is None:  # rows per target, once per window (not a scan per instance)
+                by_target = self._by_target[kind] = defaultdict(list)
+                for i, (t, _) in enumerate(hist.keys):
+                    by_target[t].append(i)
             loads[key] = _summed_median([
-                arr for (t, lbl), arr in hist.data.items()
-                if t == target and _matching(lbl, want)
+                hist.values[i] for i in by_target.get(target, ())
+                if _matching(hist.keys[i][1], want)
             ])
         return loads[key]
 
@@ -506,7 +541,7 @@ def detect(
         current = float(np.median(recent))
         usable = [(kind, window, b) for kind, window in baselines
                   if (b := cache.baseline(kind, key)) is not None
-                  and len(b.values) >= spec.min_points]
+                  and b.n >= spec.min_points]
         # Only the first usable baseline (enough points, comparable load) decides, and only
         # an effect of min_effect can fire: with no candidate showing it, nothing can fire,
         # whichever decides, so the load medians and the tests are skipped (most instances).
@@ -521,13 +556,13 @@ def detect(
             want = _load_match(labels)
             load_now = _summed_median([larr for lbl, larr in recent_loads.get(target, [])
                                        if _matching(lbl, want)])
-        for kind, window, b in usable:
+        for kind, window, _ in usable:
             load_base: float | None = None
             if spec.load_series is not None:
                 load_base = cache.load(kind, key)
                 if not load_comparable(load_now, load_base, spec.load_tolerance):
                     continue
-            c = compare(recent, b.values, spec.direction)
+            c = compare(recent, cache.baseline_values(kind, key), spec.direction)
             if is_regression(c, spec):
                 findings.append(
                     _finding(store, loader, spec, key, kind, window, c, load_now, load_base,

@@ -56,6 +56,51 @@ def ceil_to(t: float, q: float) -> float:
     return math.ceil(t / q - 1e-9) * q
 
 
+def group_grid(
+    data: Iterable[SeriesData],
+    by: Sequence[str],
+    *,
+    lo: float,
+    n: int,
+    step: float,
+    how: Literal["mean", "sum"] = "mean",
+) -> tuple[list[GroupKey], F64]:
+    """Bucket points of ``[lo, lo + n * step)`` grouped by target and ``by`` labels.
+
+    The groups (in first-seen order) and one row of ``n`` slots per group, NaN where no
+    series of the group has a finite point; points of one bucket are averaged (``mean``) or
+    summed (``sum``) over the group's series, as :func:`alerts.detect.group_points` does.
+    Groups with no finite point in the range have no row."""
+    rows: dict[GroupKey, int] = {}
+    flat_idx: list[npt.NDArray[np.int64]] = []
+    flat_val: list[F64] = []
+    for sd in data:
+        if not sd.ts:
+            continue
+        idx = np.rint((np.asarray(sd.ts, dtype=float) - lo) / step).astype(np.int64)
+        v = np.asarray(sd.values, dtype=float)
+        keep = (idx >= 0) & (idx < n) & np.isfinite(v)
+        if not keep.any():
+            continue
+        lbl = dict(sd.labels)
+        key = (sd.target, make_labels({k: lbl[k] for k in by if k in lbl}))
+        row = rows.setdefault(key, len(rows))
+        flat_idx.append(idx[keep] + row * n)
+        flat_val.append(v[keep])
+    if not rows:
+        return [], np.empty((0, n))
+    at = np.concatenate(flat_idx)
+    size = len(rows) * n
+    sums = np.bincount(at, weights=np.concatenate(flat_val), minlength=size)
+    counts = np.bincount(at, minlength=size)
+    out: F64 = sums.astype(float)
+    if how == "mean":
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out = out / counts
+    out[counts == 0] = np.nan
+    return list(rows), out.reshape(len(rows), n)
+
+
 def group_arrays(
     data: Iterable[SeriesData],
     by: Sequence[str],
@@ -65,44 +110,20 @@ def group_arrays(
     step: float,
     how: Literal["mean", "sum"] = "mean",
 ) -> dict[GroupKey, F64]:
-    """Bucket points of ``[lo, lo + n * step)`` grouped by target and ``by`` labels.
-
-    One array of ``n`` slots per group, NaN where no series of the group has a finite point;
-    points of one bucket are averaged (``mean``) or summed (``sum``) over the group's series,
-    as :func:`alerts.detect.group_points` does."""
-    sums: dict[GroupKey, F64] = {}
-    counts: dict[GroupKey, F64] = {}
-    for sd in data:
-        if not sd.ts:
-            continue
-        lbl = dict(sd.labels)
-        key = (sd.target, make_labels({k: lbl[k] for k in by if k in lbl}))
-        idx = np.rint((np.asarray(sd.ts, dtype=float) - lo) / step).astype(np.int64)
-        v = np.asarray(sd.values, dtype=float)
-        keep = (idx >= 0) & (idx < n) & np.isfinite(v)
-        if not keep.any():
-            continue
-        if key not in sums:
-            sums[key] = np.zeros(n)
-            counts[key] = np.zeros(n)
-        np.add.at(sums[key], idx[keep], v[keep])
-        np.add.at(counts[key], idx[keep], 1.0)
-    out: dict[GroupKey, F64] = {}
-    for key, s in sums.items():
-        c = counts[key]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            arr = s / c if how == "mean" else s.copy()
-        arr[c == 0] = np.nan
-        out[key] = arr
-    return out
+    """:func:`group_grid` as a mapping of group to its row."""
+    keys, grid = group_grid(data, by, lo=lo, n=n, step=step, how=how)
+    return dict(zip(keys, grid, strict=True))
 
 
 class BucketHistory:
     """``avg`` buckets of one series over a sliding ``[lo, hi)``, per group, read by slices.
 
     ``lo`` and ``hi`` are multiples of ``step``; moving them by whole quanta (the callers'
-    windows) reads only the new slice.  ``reads`` counts store queries (tests, and debugging a
-    cost regression).
+    windows) reads only the new slice.  The buckets are one 2-D array (a row per group, a
+    column per slot): at 1,000 targets of 7 models a 4-hour window of 1-minute buckets is
+    7,000 rows of 240 floats, and an array per group added a tenth to that in headers and
+    scattered the rest over the heap.  ``reads`` counts store queries (tests, and debugging
+    a cost regression).
     """
 
     def __init__(
@@ -121,43 +142,60 @@ class BucketHistory:
         self.match = dict(match or {})
         self.lo: float | None = None
         self.hi: float | None = None
-        self.data: dict[GroupKey, F64] = {}
+        self.keys: list[GroupKey] = []
+        self.rows: dict[GroupKey, int] = {}
+        self.values: F64 = np.empty((0, 0))
         self.reads = 0
+
+    @property
+    def data(self) -> dict[GroupKey, F64]:
+        """Each group's row (views into :attr:`values`)."""
+        return dict(zip(self.keys, self.values, strict=True))
+
+    def row(self, key: GroupKey) -> F64 | None:
+        i = self.rows.get(key)
+        return None if i is None else self.values[i]
 
     def _slots(self, a: float, b: float) -> int:
         return max(0, round((b - a) / self.step))
 
-    def _read(self, store: Store, a: float, b: float) -> dict[GroupKey, F64]:
+    def _read(self, store: Store, a: float, b: float) -> tuple[list[GroupKey], F64]:
         n = self._slots(a, b)
         if n == 0:
-            return {}
+            return [], np.empty((0, 0))
         self.reads += 1
         # ``end`` is inclusive: stop 1 ms short so the bucket starting at ``b`` is not read
         # half-empty (it belongs to the next slice).
         data = store.buckets(self.name, start=a, end=b - 0.001, step=self.step, agg="avg",
                              match=self.match or None)
-        return group_arrays(data, self.by, lo=a, n=n, step=self.step, how=self.how)
+        return group_grid(data, self.by, lo=a, n=n, step=self.step, how=self.how)
+
+    def _hold(self, keys: list[GroupKey], values: F64) -> None:
+        self.keys, self.values = keys, values
+        self.rows = {k: i for i, k in enumerate(keys)}
 
     def advance(self, store: Store, lo: float, hi: float) -> bool:
         """Hold ``[lo, hi)``; reads only what is not held yet.  True when the range moved."""
         if self.lo == lo and self.hi == hi:
             return False
         if self.lo is None or self.hi is None or lo < self.lo or hi < self.hi or lo >= self.hi:
-            self.data = self._read(store, lo, hi)
+            self._hold(*self._read(store, lo, hi))
         else:
             drop = self._slots(self.lo, lo)
-            new = self._read(store, self.hi, hi)
+            new_keys, new = self._read(store, self.hi, hi)
             kept_n = self._slots(lo, self.hi)
-            new_n = self._slots(self.hi, hi)
-            data: dict[GroupKey, F64] = {}
-            for key in self.data.keys() | new.keys():
-                old = self.data.get(key)
-                head = old[drop:] if old is not None else np.full(kept_n, np.nan)
-                tail = new.get(key)
-                arr = np.concatenate([head, tail if tail is not None else np.full(new_n, np.nan)])
-                if not np.isnan(arr).all():  # a group with nothing left in the window goes
-                    data[key] = arr
-            self.data = data
+            keys = self.keys + [k for k in new_keys if k not in self.rows]
+            out = np.full((len(keys), kept_n + self._slots(self.hi, hi)), np.nan)
+            out[:len(self.keys), :kept_n] = self.values[:, drop:]
+            if new_keys:
+                at = {k: i for i, k in enumerate(keys[len(self.keys):], len(self.keys))}
+                out[[self.rows.get(k, at.get(k, -1)) for k in new_keys], kept_n:] = new
+            # A group with nothing left in the window goes.
+            alive = ~np.isnan(out).all(axis=1)
+            if not alive.all():
+                keys = [k for k, a in zip(keys, alive, strict=True) if a]
+                out = out[alive]
+            self._hold(keys, out)
         self.lo, self.hi = lo, hi
         return True
 
@@ -200,21 +238,20 @@ class RecentBuckets:
         h.advance(store, lo, split)
         n_hist = h._slots(lo, split)
         n_tail = h._slots(split, floor_to(now, step) + step)
-        tail = group_arrays(
+        tail_keys, tail = group_grid(
             store.buckets(h.name, start=split, end=now, step=step, agg="avg",
                           match=h.match or None),
             h.by, lo=split, n=n_tail, step=step, how=h.how,
-        ) if n_tail else {}
+        ) if n_tail else ([], np.empty((0, 0)))
         stamps = lo + step * np.arange(n_hist + n_tail, dtype=float)
         keep = stamps >= first
-        out: dict[GroupKey, F64] = {}
-        for key in h.data.keys() | tail.keys():
-            old = h.data.get(key)
-            new = tail.get(key)
-            arr = np.concatenate([
-                old if old is not None else np.full(n_hist, np.nan),
-                new if new is not None else np.full(n_tail, np.nan),
-            ])[keep]
-            if not np.isnan(arr).all():
-                out[key] = arr
+        keys = h.keys + [k for k in tail_keys if k not in h.rows]
+        grid = np.full((len(keys), n_hist + n_tail), np.nan)
+        grid[:len(h.keys), :n_hist] = h.values
+        if tail_keys:
+            at = {k: i for i, k in enumerate(keys[len(h.keys):], len(h.keys))}
+            grid[[h.rows.get(k, at.get(k, -1)) for k in tail_keys], n_hist:] = tail
+        grid = grid[:, keep]
+        alive = ~np.isnan(grid).all(axis=1)
+        out = {k: row for k, row, a in zip(keys, grid, alive, strict=True) if a}
         return stamps[keep], out

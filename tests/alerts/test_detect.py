@@ -6,10 +6,13 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from alerts.detect import (
     WEEK_S,
     RegressionRule,
+    _row_stats,
     baseline_windows,
     detect,
     fmt_change,
@@ -366,3 +369,20 @@ def test_effect_prefilter_never_hides_a_regression(store: Store) -> None:
     assert found.comparison.change == pytest.approx(-0.25, abs=0.05)
     quiet = SPEC.model_copy(update={"min_effect": 0.3})
     assert detect(store, quiet, NOW) == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.one_of(st.floats(-1e6, 1e6), st.just(float("nan"))),
+                         min_size=7, max_size=7), max_size=6))
+def test_row_stats_equal_numpy_median_of_each_rows_values(rows: list[list[float]]) -> None:
+    # Baselines' medians are computed for every instance at once; each must be what
+    # np.median of that instance's values gives (the per-instance code it replaced).
+    values = np.array(rows, dtype=float).reshape(len(rows), 7)
+    n, median = _row_stats(values)
+    for row, k, m in zip(values, n, median, strict=True):
+        finite = row[~np.isnan(row)]
+        assert k == len(finite)
+        if len(finite):
+            assert m == float(np.median(finite))
+        else:
+            assert np.isnan(m)

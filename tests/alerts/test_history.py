@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, cast
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from alerts.history import BucketHistory, group_arrays, quantum_for
+from alerts.history import BucketHistory, group_arrays, group_grid, quantum_for
 from schemas.samples import Sample, make_labels
 from store import SeriesData, Store
 
@@ -67,6 +70,40 @@ def test_group_arrays_average_series_of_a_group_bucket_by_bucket() -> None:
     assert arr[:2].tolist() == [1.5, 3.0] and np.isnan(arr[2])
     (summed,) = group_arrays(data, ("model",), lo=0.0, n=3, step=60.0, how="sum").values()
     assert summed[:2].tolist() == [3.0, 3.0]
+
+
+_POINT = st.tuples(st.integers(-2, 7), st.sampled_from(
+    [0.5, 1.0, 2.25, -3.0, 1e12, float("nan"), float("inf")]))
+_SERIES = st.lists(st.tuples(st.sampled_from(["t1", "t2"]), st.sampled_from(["a", "b", "c"]),
+                             st.sampled_from(["0", "1"]), st.lists(_POINT, max_size=6)),
+                   max_size=8)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_SERIES, st.sampled_from(["mean", "sum"]))
+def test_group_grid_equals_a_point_by_point_reference(series: Any, how: Any) -> None:
+    # The vectorised grouping against the obvious loop over every point.
+    step, n = 60.0, 5
+    data = [SeriesData(t, "x", make_labels({"model": m, "gpu": g}),
+                       tuple(i * step for i, _ in pts), tuple(v for _, v in pts))
+            for t, m, g, pts in series]
+    acc: dict[Any, dict[int, list[float]]] = {}
+    for sd in data:
+        key = (sd.target, make_labels({"model": dict(sd.labels)["model"]}))
+        for ts, v in zip(sd.ts, sd.values, strict=True):
+            i = round(ts / step)
+            if 0 <= i < n and math.isfinite(v):
+                acc.setdefault(key, {}).setdefault(i, []).append(v)
+    keys, grid = group_grid(data, ("model",), lo=0.0, n=n, step=step, how=how)
+    assert sorted(keys) == sorted(acc) and grid.shape == (len(keys), n)
+    for key, row in zip(keys, grid, strict=True):
+        for i in range(n):
+            vs = acc[key].get(i)
+            if vs is None:
+                assert math.isnan(row[i])
+            else:
+                want = sum(vs) / len(vs) if how == "mean" else sum(vs)
+                assert row[i] == pytest.approx(want, rel=1e-12)
 
 
 def test_sliding_reads_each_slice_once_and_equals_a_whole_read(store: Store) -> None:
