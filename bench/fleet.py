@@ -58,6 +58,7 @@ class Size:
     cpu_s: float
     peak_rss_mib: float
     end_rss_mib: float
+    rss_timeline: list[tuple[float, float]]  # (s into the window, RSS MiB), once a second
 
     @property
     def kept(self) -> bool:
@@ -77,7 +78,8 @@ def _missed(port: int) -> float:
     return total
 
 
-def run_size(fleet: Fleet, targets: int, interval: float, duration: float) -> Size:
+def run_size(fleet: Fleet, targets: int, interval: float, duration: float,
+             serve_log: str | None = None) -> Size:
     with tempfile.TemporaryDirectory(prefix="tw-fleet-") as tmp:
         port = _free_port()
         db = f"{tmp}/tw.db"
@@ -93,22 +95,29 @@ def run_size(fleet: Fleet, targets: int, interval: float, duration: float) -> Si
         with open(path, "w", encoding="utf-8") as f:
             yaml.safe_dump(config, f)
         exe = os.path.join(os.path.dirname(sys.executable), "tritonwatch")
-        proc = subprocess.Popen([exe, "serve", "--config", path], cwd=tmp,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        log_file = open(serve_log, "wb") if serve_log else None
+        proc = subprocess.Popen([exe, *(["-vv"] if log_file else []), "serve", "--config", path],
+                                cwd=tmp, stdout=subprocess.DEVNULL,
+                                stderr=log_file or subprocess.PIPE)
         try:
             wait_until(lambda: http_get(f"http://127.0.0.1:{port}/api/v1/targets") != "", 120,
                        "tritonwatch serve to answer")
             time.sleep(interval + 2)  # every target scraped once: series created, baselines
             c0, t0, wall0 = process_tree_cpu(proc.pid), time.perf_counter(), time.time()
-            time.sleep(duration)
+            timeline: list[tuple[float, float]] = []
+            while (now := time.perf_counter()) < t0 + duration:
+                timeline.append((now - t0, rss_mib(proc.pid)))
+                time.sleep(min(1.0, t0 + duration - now))
             c1, t1, wall1 = process_tree_cpu(proc.pid), time.perf_counter(), time.time()
             missed = _missed(port)
             peak, end_rss = peak_rss_mib(proc.pid), rss_mib(proc.pid)
         finally:
             proc.send_signal(signal.SIGTERM)
             _, err = proc.communicate(timeout=300)
+            if log_file:
+                log_file.close()
         if proc.returncode:
-            tail = err.decode()[-2000:]
+            tail = err.decode()[-2000:] if err else f"(see {serve_log})"
             raise RuntimeError(f"tritonwatch serve exited {proc.returncode}: {tail}")
         expected = math.floor((wall1 - wall0) / interval)
         # Read back through the store's own query layer (the samples are stored in chunks).
@@ -122,7 +131,17 @@ def run_size(fleet: Fleet, targets: int, interval: float, duration: float) -> Si
     short = sum(1 for i in range(targets) if found.get(f"triton-{i}", 0) < expected)
     down = sum(int(d or 0) for _, _, d in rows)
     return Size(targets, fleet.series, t1 - t0, expected, short, down, missed,
-                slowest, c1 - c0, peak, end_rss)
+                slowest, c1 - c0, peak, end_rss, timeline)
+
+
+def print_timeline(timeline: list[tuple[float, float]], every: float = 300.0) -> None:
+    """RSS per ``every`` seconds of the window: lowest, highest and last sample."""
+    print(f"  RSS MiB per {every:g} s (min / max / last):")
+    for start in range(0, int(timeline[-1][0]) + 1 if timeline else 0, int(every)):
+        part = [r for t, r in timeline if start <= t < start + every]
+        if part:
+            print(f"    {start:>6}-{start + int(every):<6} s {min(part):6.0f} {max(part):6.0f} "
+                  f"{part[-1]:6.0f}")
 
 
 def main() -> None:
@@ -132,6 +151,10 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=90.0, help="measured window, s")
     parser.add_argument("--models", type=int, default=7)
     parser.add_argument("--gpus", type=int, default=2)
+    parser.add_argument("--rss-every", type=float, default=0.0,
+                        help="print RSS per this many seconds of the window (0: not)")
+    parser.add_argument("--serve-log", help="write serve's debug log here (store maintenance "
+                        "phases, with their durations)")
     args = parser.parse_args()
     sizes = [int(x) for x in args.targets.split(",")]
     scaled = "" if args.interval >= 15 else (
@@ -147,7 +170,7 @@ def main() -> None:
         with simulated_fleet(n, models=args.models, gpus=args.gpus) as fleet:
             print(f"  {n} targets x {fleet.series} series ({fleet.payload_bytes / 1024:.0f} KiB "
                   "per scrape) ...", flush=True)
-            r = run_size(fleet, n, args.interval, args.duration)
+            r = run_size(fleet, n, args.interval, args.duration, args.serve_log)
         results.append(r)
         print(head)
         print(f"{r.targets:>7} {r.targets * r.series:>9,} "
@@ -156,6 +179,8 @@ def main() -> None:
               f"{100 * r.cpu_s / r.window_s:>6.0f} {r.peak_rss_mib:>12.0f} "
               f"{r.end_rss_mib:>11.0f} "
               f"{'yes' if r.kept else 'NO':>5}", flush=True)
+        if args.rss_every > 0:
+            print_timeline(r.rss_timeline, args.rss_every)
     kept = [r.targets for r in results if r.kept]
     print()
     print(f"largest size kept: {max(kept) if kept else 'none'} targets; target: >= 1,000 "

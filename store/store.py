@@ -773,16 +773,19 @@ class Store:
         counted in the result).
         """
         now_ms = round(now * 1000)
+        t0 = time.perf_counter()
         with self._db("move the sample log into chunks"):
             moved = samplelog.transpose(self._engine, gate=self._flush_lock)
-        if moved:
-            log.debug("store: moved %d samples from the log into chunks", moved)
+        t1 = time.perf_counter()
         with self._db("rollup"):
             written = maintenance.rollup(self._engine, now_ms=now_ms, gate=self._flush_lock)
+        t2 = time.perf_counter()
         with self._db("compact"):
             removed = maintenance.compact(self._engine, now_ms=now_ms, gate=self._flush_lock)
-        if removed:
-            log.debug("store: compaction removed %d chunks", removed)
+        # Each phase timed: which one a slow or memory-hungry maintenance run spent itself on.
+        log.debug("store: moved %d samples from the log into chunks in %.2f s; %d rollup rows "
+                  "in %.2f s; compaction removed %d chunks in %.2f s", moved, t1 - t0, written,
+                  t2 - t1, removed, time.perf_counter() - t2)
         return written
 
     def count_samples(self) -> int:

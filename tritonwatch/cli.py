@@ -214,7 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tritonwatch", description="Observability and SLOs for Triton Inference Server fleets"
     )
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
+    parser.add_argument("-v", "--verbose", action="count", default=0,
+                        help="more logging: -v info, -vv debug, -vvv also every HTTP request "
+                        "and scheduler run")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("serve", help="run the collector, store jobs and API until SIGTERM")
@@ -288,11 +290,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: Libraries that log every HTTP request or scheduler run at info or debug.
+_PER_REQUEST_LOGGERS = ("httpx", "httpcore", "apscheduler.executors", "apscheduler.scheduler")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.verbose < 3:
+        # A line per scrape request and per job run: at 1,000 targets, hundreds a second.
+        for chatty in _PER_REQUEST_LOGGERS:
+            logging.getLogger(chatty).setLevel(logging.WARNING)
     func: Any = args.func
     return int(func(args))
 

@@ -153,3 +153,13 @@ def test_inspect_keeps_every_version_of_a_model_apart(tmp_path):
     assert [r for r in rows if r[0] in ("m", "solo")] == [
         ["m", "2", "10.0"], ["m", "10", "1.0"], ["solo", "3", "5.0"]
     ]
+
+
+@pytest.mark.triton
+def test_debug_logging_leaves_out_a_line_per_request_unless_asked(triton_rig):
+    # At 1,000 targets httpx's line per scrape request would be hundreds of lines a second.
+    args = ("inspect", triton_rig.metrics_url, "--json")
+    quiet = run("-vv", *args).stderr
+    assert "DEBUG" in quiet or "INFO" in quiet  # -vv still logs our own debug lines
+    assert "HTTP Request" not in quiet and "httpcore" not in quiet
+    assert "HTTP Request: GET " + triton_rig.metrics_url in run("-vvv", *args).stderr
