@@ -146,6 +146,9 @@ class BucketHistory:
         self.rows: dict[GroupKey, int] = {}
         self.values: F64 = np.empty((0, 0))
         self.reads = 0
+        #: Changes whenever :attr:`keys` and :attr:`values` do: what caches of row numbers
+        #: and row statistics (``alerts.detect.BaselineCache``) check before they are used.
+        self.generation = 0
 
     @property
     def data(self) -> dict[GroupKey, F64]:
@@ -171,6 +174,7 @@ class BucketHistory:
         return group_grid(data, self.by, lo=a, n=n, step=self.step, how=self.how)
 
     def _hold(self, keys: list[GroupKey], values: F64) -> None:
+        self.generation += 1
         self.keys, self.values = keys, values
         self.rows = {k: i for i, k in enumerate(keys)}
 

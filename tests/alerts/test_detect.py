@@ -326,6 +326,37 @@ def test_rules_of_one_file_share_the_load_history_and_decide_as_alone(store: Sto
     assert len(loads) == 1
 
 
+def test_shared_load_history_keeps_each_targets_load_apart_across_quanta(store: Store) -> None:
+    # Two targets at different loads, both regressing: each finding quotes its own target's
+    # load, now and in the baseline, as rules alone find them; through window moves and a
+    # step back in time (the shared history re-read whole by one rule while the other's
+    # caches still describe the old rows).
+    fill = step_at(ONSET, 0.6, 0.3)
+    for target, load, seed in (("t1", 20.0, 0), ("t2", 60.0, 3)):
+        def fn(ts: float, load: float = load) -> tuple[float, float, float]:
+            return fill(ts), load, 0.01
+        write(store, fn, start=NOW - 5 * 3600, end=NOW + 3600, target=target, seed=seed)
+    queue = SPEC.model_copy(update={"name": "queue", "series": "sli:queue_time_seconds",
+                                    "direction": "up"})
+    shared = regression_rules([SPEC, queue])
+    alone = [RegressionRule(SPEC), RegressionRule(queue)]
+    order = [0, 300, 600, 0, 900]  # the fourth step goes back: the first rule re-reads
+    for step, dt in enumerate(order):
+        now = NOW + dt
+        together = [r.evaluate(store, now) for r in (shared if step != 3 else shared[:1])]
+        fresh = [RegressionRule(r.spec).evaluate(store, now)  # type: ignore[attr-defined]
+                 for r in (shared if step != 3 else shared[:1])]
+        assert together == fresh
+        if step != 3:
+            assert together == [r.evaluate(store, now) for r in alone]
+    found = {dict(c.labels)["target"]: dict(c.annotations)
+             for c in shared[0].evaluate(store, NOW + 900)}
+    assert set(found) == {"t1", "t2"}
+    assert float(found["t1"]["load_current"]) == pytest.approx(20.0, rel=0.1)
+    assert float(found["t2"]["load_current"]) == pytest.approx(60.0, rel=0.1)
+    assert float(found["t2"]["load_baseline"]) == pytest.approx(60.0, rel=0.1)
+
+
 def test_week_ago_baseline_is_read_once_per_five_minutes_too(store: Store) -> None:
     write(store, lambda ts: (0.6, 20.0, 0.01), start=NOW - 5 * 3600, end=NOW + 3600)
     rule = RegressionRule(SPEC.model_copy(update={"baseline": "week_ago"}))
@@ -373,12 +404,13 @@ def test_effect_prefilter_never_hides_a_regression(store: Store) -> None:
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.lists(st.one_of(st.floats(-1e6, 1e6), st.just(float("nan"))),
-                         min_size=7, max_size=7), max_size=6))
-def test_row_stats_equal_numpy_median_of_each_rows_values(rows: list[list[float]]) -> None:
+                         min_size=7, max_size=7), max_size=6), st.integers(1, 4))
+def test_row_stats_equal_numpy_median_of_each_rows_values(rows: list[list[float]],
+                                                          at_once: int) -> None:
     # Baselines' medians are computed for every instance at once; each must be what
     # np.median of that instance's values gives (the per-instance code it replaced).
     values = np.array(rows, dtype=float).reshape(len(rows), 7)
-    n, median = _row_stats(values)
+    n, median = _row_stats(values, rows_at_once=at_once)
     for row, k, m in zip(values, n, median, strict=True):
         finite = row[~np.isnan(row)]
         assert k == len(finite)

@@ -397,6 +397,8 @@ def test_leaks_no_secret(answer: Any, caplog: pytest.LogCaptureFixture) -> None:
 
 def test_httpx_request_log_is_scrubbed(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)
+    # `tritonwatch` below -vvv quiets httpx (a line per request); the scrubbing is for -vvv.
+    caplog.set_level(logging.DEBUG, logger="httpx")
     rec = Recorder(200)
     WebhookNotifier(f"https://hooks.example/services/{SECRET}", client=rec.client()).notify(
         [outgoing()])
