@@ -101,20 +101,6 @@ def group_grid(
     return list(rows), out.reshape(len(rows), n)
 
 
-def group_arrays(
-    data: Iterable[SeriesData],
-    by: Sequence[str],
-    *,
-    lo: float,
-    n: int,
-    step: float,
-    how: Literal["mean", "sum"] = "mean",
-) -> dict[GroupKey, F64]:
-    """:func:`group_grid` as a mapping of group to its row."""
-    keys, grid = group_grid(data, by, lo=lo, n=n, step=step, how=how)
-    return dict(zip(keys, grid, strict=True))
-
-
 class BucketHistory:
     """``avg`` buckets of one series over a sliding ``[lo, hi)``, per group, read by slices.
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from alerts.history import BucketHistory, group_arrays, group_grid, quantum_for
+from alerts.history import BucketHistory, group_grid, quantum_for
 from schemas.samples import Sample, make_labels
 from store import SeriesData, Store
 
@@ -60,15 +60,15 @@ def test_quantum_is_a_multiple_of_the_step_of_at_least_five_minutes() -> None:
     assert quantum_for(600.0) == 600.0
 
 
-def test_group_arrays_average_series_of_a_group_bucket_by_bucket() -> None:
+def test_group_grid_averages_series_of_a_group_bucket_by_bucket() -> None:
     data = [
         SeriesData("t", "x", make_labels({"model": "a", "gpu": "0"}), (0.0, 60.0), (1.0, 3.0)),
         SeriesData("t", "x", make_labels({"model": "a", "gpu": "1"}), (0.0,), (2.0,)),
         SeriesData("t", "x", make_labels({"model": "a", "gpu": "2"}), (60.0,), (float("nan"),)),
     ]
-    (arr,) = group_arrays(data, ("model",), lo=0.0, n=3, step=60.0).values()
+    _, (arr,) = group_grid(data, ("model",), lo=0.0, n=3, step=60.0)
     assert arr[:2].tolist() == [1.5, 3.0] and np.isnan(arr[2])
-    (summed,) = group_arrays(data, ("model",), lo=0.0, n=3, step=60.0, how="sum").values()
+    _, (summed,) = group_grid(data, ("model",), lo=0.0, n=3, step=60.0, how="sum")
     assert summed[:2].tolist() == [3.0, 3.0]
 
 
