@@ -101,6 +101,30 @@ def group_grid(
     return list(rows), out.reshape(len(rows), n)
 
 
+def join_columns(
+    keys: list[GroupKey], rows: Mapping[GroupKey, int], old: F64, new_keys: list[GroupKey],
+    new: F64,
+) -> tuple[list[GroupKey], F64]:
+    """``old``'s columns (a row per group of ``keys``; ``rows``: each one's row) then
+    ``new``'s (a row per group of ``new_keys``): one row per group of either, NaN where a
+    group has no value; ``keys``' groups first, in their order."""
+    joined = keys + [k for k in new_keys if k not in rows]
+    out = np.full((len(joined), old.shape[1] + new.shape[1]), np.nan)
+    out[:len(keys), :old.shape[1]] = old
+    if new_keys:
+        added = {k: i for i, k in enumerate(joined[len(keys):], len(keys))}
+        out[[rows.get(k, added.get(k, -1)) for k in new_keys], old.shape[1]:] = new
+    return joined, out
+
+
+def drop_empty(keys: list[GroupKey], grid: F64) -> tuple[list[GroupKey], F64]:
+    """The groups (and rows) of ``grid`` with at least one value."""
+    alive = np.asarray(~np.isnan(grid).all(axis=1))
+    if alive.all():
+        return keys, grid
+    return [k for k, a in zip(keys, alive.tolist(), strict=True) if a], grid[alive]
+
+
 class BucketHistory:
     """``avg`` buckets of one series over a sliding ``[lo, hi)``, per group, read by slices.
 
@@ -171,21 +195,10 @@ class BucketHistory:
         if self.lo is None or self.hi is None or lo < self.lo or hi < self.hi or lo >= self.hi:
             self._hold(*self._read(store, lo, hi))
         else:
-            drop = self._slots(self.lo, lo)
-            new_keys, new = self._read(store, self.hi, hi)
-            kept_n = self._slots(lo, self.hi)
-            keys = self.keys + [k for k in new_keys if k not in self.rows]
-            out = np.full((len(keys), kept_n + self._slots(self.hi, hi)), np.nan)
-            out[:len(self.keys), :kept_n] = self.values[:, drop:]
-            if new_keys:
-                at = {k: i for i, k in enumerate(keys[len(self.keys):], len(self.keys))}
-                out[[self.rows.get(k, at.get(k, -1)) for k in new_keys], kept_n:] = new
+            kept = self.values[:, self._slots(self.lo, lo):]
             # A group with nothing left in the window goes.
-            alive = ~np.isnan(out).all(axis=1)
-            if not alive.all():
-                keys = [k for k, a in zip(keys, alive, strict=True) if a]
-                out = out[alive]
-            self._hold(keys, out)
+            self._hold(*drop_empty(*join_columns(self.keys, self.rows, kept,
+                                                 *self._read(store, self.hi, hi))))
         self.lo, self.hi = lo, hi
         return True
 
@@ -235,13 +248,6 @@ class RecentBuckets:
         ) if n_tail else ([], np.empty((0, 0)))
         stamps = lo + step * np.arange(n_hist + n_tail, dtype=float)
         keep = stamps >= first
-        keys = h.keys + [k for k in tail_keys if k not in h.rows]
-        grid = np.full((len(keys), n_hist + n_tail), np.nan)
-        grid[:len(h.keys), :n_hist] = h.values
-        if tail_keys:
-            at = {k: i for i, k in enumerate(keys[len(h.keys):], len(h.keys))}
-            grid[[h.rows.get(k, at.get(k, -1)) for k in tail_keys], n_hist:] = tail
-        grid = grid[:, keep]
-        alive = ~np.isnan(grid).all(axis=1)
-        out = {k: row for k, row, a in zip(keys, grid, alive, strict=True) if a}
-        return stamps[keep], out
+        keys, grid = join_columns(h.keys, h.rows, h.values, tail_keys, tail)
+        keys, grid = drop_empty(keys, grid[:, keep])
+        return stamps[keep], dict(zip(keys, grid, strict=True))
