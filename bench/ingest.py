@@ -52,7 +52,7 @@ from schemas.config import Config, validate_config
 from schemas.samples import Labels, TargetHealth
 from schemas.triton import ModelConfigInfo
 from store import Store, open_store
-from tritonwatch.serve import tune_gc
+from tritonwatch.memory import tune_gc
 
 T0 = 1_700_000_000.0
 INTERVAL_S = 15.0

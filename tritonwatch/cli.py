@@ -47,7 +47,8 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from tritonwatch.serve import serve, tune_gc, tune_malloc
+    from tritonwatch.memory import tune_gc, tune_malloc
+    from tritonwatch.serve import serve
 
     try:
         config = load_config(args.config)

@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
-import ctypes.util
-import gc
 import logging
 import signal
 import time
@@ -36,6 +33,7 @@ from api.app import create_app
 from collector.jobs import Collector, SelfMetrics
 from schemas.config import Config
 from store import Store, open_store
+from tritonwatch import memory
 
 log = logging.getLogger(__name__)
 
@@ -51,73 +49,6 @@ class _Server(uvicorn.Server):
 def split_listen(listen: str) -> tuple[str, int]:
     host, _, port = listen.rpartition(":")
     return host.strip("[]") or "127.0.0.1", int(port)
-
-
-def tune_gc() -> None:
-    """Fit CPython's cyclic garbage collector to a long-running collector process.
-
-    Every scrape allocates thousands of small tuples that live until the next scrape or flush.
-    With the default thresholds (700 allocations) they trigger a collection every few hundred
-    lines parsed, and the survivors are rescanned in the older generations again and again:
-    measured here, that tripled the parse time of a 2,900-series payload (5.8 ms -> 2.2 ms per
-    scrape).  The data itself is acyclic and freed by reference counting, so collecting rarely
-    loses nothing; freezing moves the start-up objects (modules, config, caches) out of every
-    future collection.  Call once, after start-up and before the first scrape.
-    """
-    gc.freeze()
-    gc.set_threshold(50_000, 20, 100)
-
-
-def tune_malloc() -> None:
-    """Cap glibc's malloc arenas at two (what ``MALLOC_ARENA_MAX=2`` does) and serve every
-    allocation of 256 KiB or more from its own mapping, where glibc runs.
-
-    glibc gives every thread that allocates its own arena (up to 8 per core) and memory freed
-    in one arena is not reused by another.  The scrapes are parsed in a pool of worker threads
-    and their bodies read on the event loop, so a fleet's memory ends up spread thin over many
-    arenas: measured at 300 targets, two arenas cut the collector's RSS growth by 30 %
-    (145 -> 102 MB) at no measurable CPU cost.
-
-    glibc also raises its mapping threshold each time a mapped block is freed, so after the
-    first flush the large, short-lived arrays of flushes, rollups and alert windows come from
-    the heap, whose freed space mostly stays resident.  A fixed threshold (which also turns
-    that adjustment off) returns them to the system when freed: measured at 1,000 targets,
-    RSS after 30 scrapes of each 431 MiB instead of 489 MiB.  Call before any thread starts;
-    a no-op elsewhere (musl, macOS).
-    """
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return
-    mallopt(_M_ARENA_MAX, 2)
-    mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
-    mallopt(_M_TRIM_THRESHOLD, 4 * _MMAP_THRESHOLD)
-    global _malloc_trim
-    _malloc_trim = getattr(libc, "malloc_trim", None)
-
-
-_malloc_trim: Callable[[int], int] | None = None
-
-
-def release_free_memory() -> None:
-    """Hand the free pages inside glibc's heaps back to the system (``malloc_trim(0)``).
-
-    The heap only shrinks from its top by itself; pages freed in its middle stay resident.
-    Every scrape leaves such holes (its body, parts and arrays are freed while the
-    buffered samples around them live until the next flush).  Measured at 1,000 targets
-    after 24 scrapes each: 38 MiB of 131 MiB of heap given back, in a few milliseconds.
-    A no-op where :func:`tune_malloc` found no glibc.
-    """
-    if _malloc_trim is not None:
-        _malloc_trim(0)
-
-
-# glibc malloc.h
-_M_TRIM_THRESHOLD = -1
-_M_MMAP_THRESHOLD = -3
-_M_ARENA_MAX = -8
-_MMAP_THRESHOLD = 256 * 1024
 
 
 def prepare_store(config: Config) -> Store:
@@ -146,10 +77,10 @@ async def serve(
     # After the collector: its job listener also logs and counts a failing alerts:evaluate.
     alert_job = AlertJob.from_config(config, store, registry=metrics.registry)
     alert_job.install(scheduler)
-    if _malloc_trim is not None:
+    if memory.can_trim():
         scheduler.add_job(
-            asyncio.to_thread, "interval", args=[release_free_memory],
-            seconds=MEMORY_TRIM_INTERVAL_S, id="memory:trim", name="memory:trim",
+            asyncio.to_thread, "interval", args=[memory.release_free_memory],
+            seconds=memory.TRIM_INTERVAL_S, id="memory:trim", name="memory:trim",
             coalesce=True, max_instances=1, replace_existing=True,
         )
     host, port = split_listen(listen or config.api.listen)
@@ -207,9 +138,6 @@ async def serve(
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.remove_signal_handler(sig)
 
-
-#: How often the process hands freed heap pages back (:func:`release_free_memory`).
-MEMORY_TRIM_INTERVAL_S = 15.0
 
 #: How long shutdown waits for running jobs before cancelling them.
 JOB_DRAIN_TIMEOUT_S = 20.0

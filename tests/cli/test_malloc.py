@@ -1,4 +1,4 @@
-"""``tritonwatch.serve.tune_malloc`` and ``release_free_memory``: freed heap pages go back.
+"""``tritonwatch.memory.tune_malloc`` and ``release_free_memory``: freed heap pages go back.
 
 Runs in a child process: tune_malloc() changes the allocator for the whole process, which must
 happen before any thread starts, and the RSS it measures must not be the test runner's.
@@ -12,9 +12,9 @@ import textwrap
 
 CHILD = textwrap.dedent("""
     import gc
-    from tritonwatch import serve
-    serve.tune_malloc()
-    assert serve._malloc_trim is not None, "glibc's malloc_trim not found"
+    from tritonwatch import memory
+    memory.tune_malloc()
+    assert memory.can_trim(), "glibc's malloc_trim not found"
 
     def rss_kib():
         with open("/proc/self/status") as f:
@@ -28,7 +28,7 @@ CHILD = textwrap.dedent("""
     del blocks[::2]
     gc.collect()
     before = rss_kib()
-    serve.release_free_memory()
+    memory.release_free_memory()
     after = rss_kib()
     print(before, after)
 """)
@@ -41,3 +41,27 @@ def test_release_free_memory_hands_heap_holes_back() -> None:
     # About 100 MB of holes (77 MB came back here; without the trim, none).  The allocator
     # keeps some, and RSS is noisy by a few MB.
     assert before - after > 40 * 1024, (before, after)
+
+
+REPORT_CHILD = textwrap.dedent("""
+    import logging, sqlite3
+    from tritonwatch import memory
+    memory.tune_malloc()
+    db = sqlite3.connect(":memory:")
+    db.execute("CREATE TABLE t (x)")
+    db.executemany("INSERT INTO t VALUES (?)", [(i,) for i in range(10_000)])
+    r = memory.report()
+    assert r.rss > 10 * 2**20, r
+    assert r.heap > 0 and r.heap_used > 0 and r.heap_used + r.heap_free <= r.heap, r
+    assert r.sqlite > 0, r  # the sqlite3 module's own library, holding the table's pages
+    assert r.python_blocks > 1000, r
+    logging.basicConfig(level=logging.DEBUG, format="%(name)s %(message)s")
+    memory.release_free_memory()
+""")
+
+
+def test_memory_report_names_where_the_memory_is_at_debug() -> None:
+    out = subprocess.run([sys.executable, "-c", REPORT_CHILD], capture_output=True, text=True,
+                         check=True, timeout=120)
+    line = next(x for x in out.stderr.splitlines() if x.startswith("tritonwatch.memory "))
+    assert "after trim; malloc heap" in line and "SQLite" in line, out.stderr
