@@ -80,7 +80,7 @@ from schemas.regressions import (
 from schemas.samples import Labels, make_labels
 
 if TYPE_CHECKING:
-    from store import SeriesData, Store
+    from store import SeriesColumns, SeriesData, Store
 
 _MODEL = ("model", "version")
 _ALERTNAMES = {
@@ -116,13 +116,24 @@ def _means(
     store: Store, name: str, now: float, window: float, by: tuple[str, ...]
 ) -> dict[tuple[str, Labels], float]:
     """Mean over ``[now - window, now]`` of each group (target, ``by`` labels)."""
-    data = store.range(name, start=now - window, end=now)
+    acc = _group_sums(store.range_columns(name, start=now - window, end=now), by)
+    return {k: a[0] / a[1] for k, a in acc.items() if a[1]}
+
+
+def _group_sums(
+    cols: SeriesColumns, by: tuple[str, ...], after: float = -math.inf
+) -> dict[tuple[str, Labels], list[float]]:
+    """Per group (target, ``by`` labels) of ``cols``' series: ``[sum, count]`` of their finite
+    points stamped after ``after``; a group whose series have none is there with zeros."""
+    sums, counts = cols.finite_sums(after)
     acc: dict[tuple[str, Labels], list[float]] = {}
-    for sd in data:
-        lbl = dict(sd.labels)
-        key = (sd.target, make_labels({k: lbl[k] for k in by if k in lbl}))
-        acc.setdefault(key, []).extend(v for v in sd.values if math.isfinite(v))
-    return {k: sum(v) / len(v) for k, v in acc.items() if v}
+    for key, total, n in zip(cols.keys, sums.tolist(), counts.tolist(), strict=True):
+        lbl = dict(key.labels)
+        a = acc.setdefault((key.target, make_labels({k: lbl[k] for k in by if k in lbl})),
+                           [0.0, 0.0])
+        a[0] += total
+        a[1] += n
+    return acc
 
 
 # --- regression defaults -----------------------------------------------------------------------
@@ -447,23 +458,11 @@ class FailureRatioSpikeRule:
         split = now - self.window
         ok_base, fail_base = self._base(store, now)
 
-        def sums(data: Any, by: tuple[str, ...]) -> dict[tuple[str, Labels], list[float]]:
-            # [sum, count] of the finite samples of (split, now].  Raw: for a few minutes a
-            # range read is cheaper than the store's bucketing (measured, 300 targets).
-            acc: dict[tuple[str, Labels], list[float]] = {}
-            for sd in data:
-                lbl = dict(sd.labels)
-                key = (sd.target, make_labels({k: lbl[k] for k in by if k in lbl}))
-                a = acc.setdefault(key, [0.0, 0.0])
-                for ts, v in zip(sd.ts, sd.values, strict=True):
-                    if ts > split and math.isfinite(v):
-                        a[0] += v
-                        a[1] += 1
-            return acc
-
-        ok_now = sums(store.range("sli:request_rate", start=split, end=now), _MODEL)
-        fail_now = sums(store.range("sli:failure_rate", start=split, end=now),
-                        (*_MODEL, "reason"))
+        # [sum, count] of the finite samples of (split, now].
+        ok_now = _group_sums(store.range_columns("sli:request_rate", start=split, end=now),
+                             _MODEL, after=split)
+        fail_now = _group_sums(store.range_columns("sli:failure_rate", start=split, end=now),
+                               (*_MODEL, "reason"), after=split)
 
         def mean(a: list[float] | None) -> float:
             return a[0] / a[1] if a is not None and a[1] else 0.0

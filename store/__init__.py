@@ -12,11 +12,12 @@ Typical use (see ``store.store`` for the write path and its guarantees)::
 from store.errors import QueryError, StoreError
 from store.query import Agg
 from store.store import Store, open_store
-from store.values import SeriesData, SeriesKey
+from store.values import SeriesColumns, SeriesData, SeriesKey
 
 __all__ = [
     "Agg",
     "QueryError",
+    "SeriesColumns",
     "SeriesData",
     "SeriesKey",
     "Store",

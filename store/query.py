@@ -25,7 +25,7 @@ from schemas import tables as t
 from schemas.samples import Labels, label_value, make_labels
 from store import samplelog
 from store.chunks import Merged, decode, last_writes, merge, run_bounds, window_start
-from store.values import SeriesData, SeriesKey
+from store.values import SeriesColumns, SeriesData, SeriesKey
 
 Agg = Literal["avg", "min", "max", "sum", "count", "last"]
 AGGS: frozenset[str] = frozenset({"avg", "min", "max", "sum", "count", "last"})
@@ -141,19 +141,40 @@ def count_samples(conn: Connection) -> int:
 
 def raw_range(conn: Connection, series: Candidates, *, lo_ms: int, hi_ms: int) -> list[SeriesData]:
     """Raw samples with ``lo_ms <= ts <= hi_ms``; series without any are left out."""
-    points: dict[int, tuple[tuple[float, ...], tuple[float, ...]]] = {}
-    for chunk in _chunks([sid for sid, _ in series]):
-        m = raw_samples(conn, chunk, lo_ms=lo_ms, hi_ms=hi_ms)
+    return raw_columns(conn, series, lo_ms=lo_ms, hi_ms=hi_ms).series()
+
+
+def raw_columns(conn: Connection, series: Candidates, *, lo_ms: int, hi_ms: int) -> SeriesColumns:
+    """:func:`raw_range` as columns (:class:`store.values.SeriesColumns`), in ``series``'
+    order."""
+    keys: list[SeriesKey] = []
+    counts: list[npt.NDArray[np.int64]] = []
+    ts: list[npt.NDArray[np.float64]] = []
+    values: list[npt.NDArray[np.float64]] = []
+    for chunk in _chunks(range(len(series))):
+        wanted = np.array([series[i][0] for i in chunk], np.int64)
+        m = raw_samples(conn, wanted.tolist(), lo_ms=lo_ms, hi_ms=hi_ms)
         starts, ends = m.groups()
-        seconds = (m.ts / 1000).tolist()
-        values = m.values.tolist()
-        for sid, a, b in zip(m.ids[starts].tolist(), starts.tolist(), ends.tolist(), strict=True):
-            points[sid] = (tuple(seconds[a:b]), tuple(values[a:b]))
-    return [
-        SeriesData(key.target, key.name, key.labels, *points[sid])
-        for sid, key in series
-        if sid in points
-    ]
+        # The merge sorts by id; the caller wants its own (key) order.
+        found = m.ids[starts]
+        at = np.minimum(np.searchsorted(found, wanted), max(len(found) - 1, 0))
+        has = (found[at] == wanted) if len(found) else np.zeros(len(wanted), bool)
+        at = at[has]
+        n = ends[at] - starts[at]
+        # Each wanted series' positions in the merge, one after the other.
+        take = np.repeat(starts[at] - np.cumsum(n) + n, n) + np.arange(int(n.sum()))
+        keys.extend(series[i][1] for i, h in zip(chunk, has.tolist(), strict=True) if h)
+        counts.append(n)
+        ts.append(m.ts[take] / 1000)
+        values.append(m.values[take])
+    bounds = np.zeros(len(keys) + 1, np.int64)
+    if keys:
+        np.cumsum(np.concatenate(counts), out=bounds[1:])
+    return SeriesColumns(keys, bounds, _cat(ts), _cat(values))
+
+
+def _cat(parts: list[npt.NDArray[np.float64]]) -> npt.NDArray[np.float64]:
+    return np.concatenate(parts) if parts else np.empty(0, np.float64)
 
 
 def increase(
