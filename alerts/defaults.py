@@ -57,6 +57,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import numpy.typing as npt
 
 from alerts.detect import (
     RegressionRule,
@@ -80,7 +81,7 @@ from schemas.regressions import (
 from schemas.samples import Labels, make_labels
 
 if TYPE_CHECKING:
-    from store import SeriesColumns, SeriesData, Store
+    from store import SeriesColumns, SeriesKey, Store
 
 _MODEL = ("model", "version")
 _ALERTNAMES = {
@@ -118,6 +119,14 @@ def _means(
     """Mean over ``[now - window, now]`` of each group (target, ``by`` labels)."""
     acc = _group_sums(store.range_columns(name, start=now - window, end=now), by)
     return {k: a[0] / a[1] for k, a in acc.items() if a[1]}
+
+
+def _per_series(cols: SeriesColumns) -> npt.NDArray[np.float64]:
+    """The sum of each series' points."""
+    if not cols.keys:
+        return np.empty(0)
+    with np.errstate(invalid="ignore", over="ignore"):  # +inf and -inf: NaN, not a warning
+        return np.add.reduceat(cols.values, cols.bounds[:-1])
 
 
 def _group_sums(
@@ -391,24 +400,24 @@ def _sums_counts(
     """
     acc: dict[tuple[str, Labels], list[float]] = {}
 
-    def add(sd: SeriesData, total: float, n: float) -> None:
-        lbl = dict(sd.labels)
-        a = acc.setdefault((sd.target, make_labels({k: lbl[k] for k in by if k in lbl})),
+    def add(key: SeriesKey, total: float, n: float) -> None:
+        lbl = dict(key.labels)
+        a = acc.setdefault((key.target, make_labels({k: lbl[k] for k in by if k in lbl})),
                            [0.0, 0.0])
         a[0] += total
         a[1] += n
 
-    counts = {sd.key: sd.values for sd in store.buckets(name, start=lo, end=hi,
-                                                        step=QUANTUM_S, agg="count")}
-    for sd in store.buckets(name, start=lo, end=hi, step=QUANTUM_S, agg="sum"):
-        total = math.fsum(sd.values)
+    count_cols = store.bucket_columns(name, start=lo, end=hi, step=QUANTUM_S, agg="count")
+    counts = dict(zip(count_cols.keys, _per_series(count_cols).tolist(), strict=True))
+    sum_cols = store.bucket_columns(name, start=lo, end=hi, step=QUANTUM_S, agg="sum")
+    for key, total in zip(sum_cols.keys, _per_series(sum_cols).tolist(), strict=True):
         if math.isfinite(total):
-            add(sd, total, sum(counts.get(sd.key, ())))
+            add(key, total, counts.get(key, 0.0))
             continue
-        for raw in store.range(name, start=lo, end=hi, target=sd.target, match=dict(sd.labels)):
-            if raw.labels == sd.labels:
+        for raw in store.range(name, start=lo, end=hi, target=key.target, match=dict(key.labels)):
+            if raw.labels == key.labels:
                 finite = [v for v in raw.values if math.isfinite(v)]
-                add(sd, math.fsum(finite), float(len(finite)))
+                add(key, math.fsum(finite), float(len(finite)))
     return acc
 
 

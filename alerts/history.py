@@ -19,7 +19,7 @@ going backwards, or a window whose old and new range do not overlap), which read
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
@@ -28,7 +28,7 @@ import numpy.typing as npt
 from schemas.samples import Labels, make_labels
 
 if TYPE_CHECKING:
-    from store import SeriesData, Store
+    from store import SeriesColumns, Store
 
 F64 = npt.NDArray[np.float64]
 GroupKey = tuple[str, Labels]  # target, by-labels
@@ -57,7 +57,7 @@ def ceil_to(t: float, q: float) -> float:
 
 
 def group_grid(
-    data: Iterable[SeriesData],
+    data: SeriesColumns,
     by: Sequence[str],
     *,
     lo: float,
@@ -71,27 +71,24 @@ def group_grid(
     series of the group has a finite point; points of one bucket are averaged (``mean``) or
     summed (``sum``) over the group's series, as :func:`alerts.detect.group_points` does.
     Groups with no finite point in the range have no row."""
+    if not data.keys:
+        return [], np.empty((0, n))
+    idx = np.rint((data.ts - lo) / step).astype(np.int64)
+    keep = (idx >= 0) & (idx < n) & np.isfinite(data.values)
+    starts = data.bounds[:-1]
+    has = np.add.reduceat(keep, starts) > 0
     rows: dict[GroupKey, int] = {}
-    flat_idx: list[npt.NDArray[np.int64]] = []
-    flat_val: list[F64] = []
-    for sd in data:
-        if not sd.ts:
-            continue
-        idx = np.rint((np.asarray(sd.ts, dtype=float) - lo) / step).astype(np.int64)
-        v = np.asarray(sd.values, dtype=float)
-        keep = (idx >= 0) & (idx < n) & np.isfinite(v)
-        if not keep.any():
-            continue
-        lbl = dict(sd.labels)
-        key = (sd.target, make_labels({k: lbl[k] for k in by if k in lbl}))
-        row = rows.setdefault(key, len(rows))
-        flat_idx.append(idx[keep] + row * n)
-        flat_val.append(v[keep])
+    row_of = np.full(len(data.keys), -1, np.int64)
+    for i in np.flatnonzero(has).tolist():
+        key = data.keys[i]
+        lbl = dict(key.labels)
+        row_of[i] = rows.setdefault(
+            (key.target, make_labels({k: lbl[k] for k in by if k in lbl})), len(rows))
     if not rows:
         return [], np.empty((0, n))
-    at = np.concatenate(flat_idx)
+    at = (idx + np.repeat(row_of, np.diff(data.bounds)) * n)[keep]
     size = len(rows) * n
-    sums = np.bincount(at, weights=np.concatenate(flat_val), minlength=size)
+    sums = np.bincount(at, weights=data.values[keep], minlength=size)
     counts = np.bincount(at, minlength=size)
     out: F64 = sums.astype(float)
     if how == "mean":
@@ -179,8 +176,8 @@ class BucketHistory:
         self.reads += 1
         # ``end`` is inclusive: stop 1 ms short so the bucket starting at ``b`` is not read
         # half-empty (it belongs to the next slice).
-        data = store.buckets(self.name, start=a, end=b - 0.001, step=self.step, agg="avg",
-                             match=self.match or None)
+        data = store.bucket_columns(self.name, start=a, end=b - 0.001, step=self.step,
+                                    agg="avg", match=self.match or None)
         return group_grid(data, self.by, lo=a, n=n, step=self.step, how=self.how)
 
     def _hold(self, keys: list[GroupKey], values: F64) -> None:
@@ -242,8 +239,8 @@ class RecentBuckets:
         n_hist = h._slots(lo, split)
         n_tail = h._slots(split, floor_to(now, step) + step)
         tail_keys, tail = group_grid(
-            store.buckets(h.name, start=split, end=now, step=step, agg="avg",
-                          match=h.match or None),
+            store.bucket_columns(h.name, start=split, end=now, step=step, agg="avg",
+                                 match=h.match or None),
             h.by, lo=split, n=n_tail, step=step, how=h.how,
         ) if n_tail else ([], np.empty((0, 0)))
         stamps = lo + step * np.arange(n_hist + n_tail, dtype=float)

@@ -763,6 +763,21 @@ class Store:
         samples (raw fills in after the rollup watermark); rollups hold whole intervals, so
         the first bucket may then include data from up to one interval before ``start``.
         """
+        return self.bucket_columns(name, start=start, end=end, step=step, agg=agg,
+                                   target=target, match=match).series()
+
+    def bucket_columns(
+        self,
+        name: str,
+        *,
+        start: float,
+        end: float,
+        step: float,
+        agg: query.Agg,
+        target: str | None = None,
+        match: Mapping[str, str] | None = None,
+    ) -> SeriesColumns:
+        """:meth:`buckets` as two columns for all series (:class:`store.values.SeriesColumns`)."""
         lo, hi = _window(start, end)
         if agg not in query.AGGS:
             raise QueryError(f"agg must be one of {sorted(query.AGGS)}, got {agg!r}")
@@ -770,7 +785,7 @@ class Store:
             raise QueryError(f"step must be a positive number of seconds, got {step!r}")
         with self._db("query buckets"), transaction(self._engine, write=False) as conn:
             found = query.find_series(conn, name=name, target=target, match=match)
-            return query.buckets(
+            return query.bucket_columns(
                 conn,
                 found,
                 lo_ms=lo,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -52,6 +53,16 @@ class SeriesColumns:
     bounds: I64
     ts: F64
     values: F64
+
+    @classmethod
+    def of(cls, data: Iterable[SeriesData]) -> SeriesColumns:
+        """The columns of ``data`` (series without points left out)."""
+        kept = [sd for sd in data if sd.ts]
+        bounds = np.zeros(len(kept) + 1, np.int64)
+        np.cumsum([len(sd.ts) for sd in kept], out=bounds[1:])
+        return cls([sd.key for sd in kept], bounds,
+                   np.array([t for sd in kept for t in sd.ts], np.float64),
+                   np.array([v for sd in kept for v in sd.values], np.float64))
 
     def series(self) -> list[SeriesData]:
         """One :class:`SeriesData` per series."""

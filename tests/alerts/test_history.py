@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from alerts.history import BucketHistory, group_grid, quantum_for
 from schemas.samples import Sample, make_labels
-from store import SeriesData, Store
+from store import SeriesColumns, SeriesData, Store
 
 T0 = 1_750_003_200.0  # on the 5-minute grid
 A = make_labels({"model": "a", "version": "1"})
@@ -30,9 +30,17 @@ class CountingStore:
         self.calls.append(("buckets", name, kw["start"], kw["end"]))
         return self._store.buckets(name, **kw)
 
+    def bucket_columns(self, name: str, **kw: Any) -> SeriesColumns:
+        self.calls.append(("buckets", name, kw["start"], kw["end"]))
+        return self._store.bucket_columns(name, **kw)
+
     def range(self, name: str, **kw: Any) -> list[SeriesData]:
         self.calls.append(("range", name, kw["start"], kw["end"]))
         return self._store.range(name, **kw)
+
+    def range_columns(self, name: str, **kw: Any) -> SeriesColumns:
+        self.calls.append(("range", name, kw["start"], kw["end"]))
+        return self._store.range_columns(name, **kw)
 
     def __getattr__(self, attr: str) -> Any:
         return getattr(self._store, attr)
@@ -66,9 +74,9 @@ def test_group_grid_averages_series_of_a_group_bucket_by_bucket() -> None:
         SeriesData("t", "x", make_labels({"model": "a", "gpu": "1"}), (0.0,), (2.0,)),
         SeriesData("t", "x", make_labels({"model": "a", "gpu": "2"}), (60.0,), (float("nan"),)),
     ]
-    _, (arr,) = group_grid(data, ("model",), lo=0.0, n=3, step=60.0)
+    _, (arr,) = group_grid(SeriesColumns.of(data), ("model",), lo=0.0, n=3, step=60.0)
     assert arr[:2].tolist() == [1.5, 3.0] and np.isnan(arr[2])
-    _, (summed,) = group_grid(data, ("model",), lo=0.0, n=3, step=60.0, how="sum")
+    _, (summed,) = group_grid(SeriesColumns.of(data), ("model",), lo=0.0, n=3, step=60.0, how="sum")
     assert summed[:2].tolist() == [3.0, 3.0]
 
 
@@ -97,7 +105,7 @@ def test_group_grid_equals_a_point_by_point_reference(series: Any, how: Any, lo_
             i = round((ts - lo) / step)
             if 0 <= i < n and math.isfinite(v):
                 acc.setdefault(key, {}).setdefault(i, []).append(v)
-    keys, grid = group_grid(data, ("model",), lo=lo, n=n, step=step, how=how)
+    keys, grid = group_grid(SeriesColumns.of(data), ("model",), lo=lo, n=n, step=step, how=how)
     assert keys == list(acc)  # first-seen order
     assert grid.shape == (len(keys), n)
     for key, row in zip(keys, grid, strict=True):
