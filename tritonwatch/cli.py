@@ -298,12 +298,6 @@ _PER_REQUEST_LOGGERS = ("httpx", "httpcore", "apscheduler.executors", "apschedul
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if argv is None and args.func is cmd_serve:
-        # The long-running process only, and only as a command (not main() called with
-        # arguments, as tests do): it execs itself again, before any thread or log starts.
-        from tritonwatch.memory import use_system_malloc
-
-        use_system_malloc()
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.verbose < 3:

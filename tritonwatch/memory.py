@@ -12,7 +12,6 @@ import ctypes
 import ctypes.util
 import gc
 import logging
-import os
 import sys
 from collections.abc import Callable
 from typing import NamedTuple
@@ -21,38 +20,6 @@ log = logging.getLogger(__name__)
 
 #: How often the process hands freed heap pages back (:func:`release_free_memory`).
 TRIM_INTERVAL_S = 15.0
-
-
-def use_system_malloc() -> None:
-    """Run this command again in place (``exec``, same pid) with ``PYTHONMALLOC=malloc``, where
-    glibc runs and the user has not picked an allocator; returns only where it does nothing.
-
-    CPython serves objects of up to 512 bytes from its own 1 MiB arenas, and an arena goes
-    back to the system only once every object in it is freed.  A collector allocates millions
-    of small objects that live for seconds (a scrape's lines and values, an evaluation's
-    points) between the ones that live for hours (series keys, label sets, baselines): each
-    burst spreads over fresh arenas, and the long-lived objects allocated meanwhile keep them.
-    Measured in-process at 1,000 targets over 11 minutes: the arenas grew from 147 to 209
-    (+62 MiB) while the bytes in use stayed at 120-140 MiB.  glibc's malloc, trimmed every
-    :data:`TRIM_INTERVAL_S`, hands back every free *page* instead: the same run's RSS grew
-    by 10 MiB over the same minutes instead of 50, and ended 26 MiB lower.  The variable is
-    read once, when the interpreter starts, hence the ``exec``.
-    """
-    if os.environ.get(_ALLOCATOR_ENV) is not None or not _glibc():
-        return
-    for stream in (sys.stdout, sys.stderr):
-        stream.flush()
-    os.execve(sys.executable, sys.orig_argv, {**os.environ, _ALLOCATOR_ENV: "malloc"})
-
-
-_ALLOCATOR_ENV = "PYTHONMALLOC"
-
-
-def _glibc() -> bool:
-    try:
-        return os.confstr("CS_GNU_LIBC_VERSION") is not None
-    except (ValueError, OSError, AttributeError):  # not glibc (musl, macOS, Windows)
-        return False
 
 
 def tune_gc() -> None:

@@ -6,7 +6,6 @@ happen before any thread starts, and the RSS it measures must not be the test ru
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -66,38 +65,3 @@ def test_memory_report_names_where_the_memory_is_at_debug() -> None:
                          check=True, timeout=120)
     line = next(x for x in out.stderr.splitlines() if x.startswith("tritonwatch.memory "))
     assert "after trim; malloc heap" in line and "SQLite" in line, out.stderr
-
-
-SYSTEM_MALLOC_CHILD = textwrap.dedent("""
-    import os, sys
-    from tritonwatch import memory
-    print("start", os.getpid(), flush=True)
-    memory.use_system_malloc()
-    print("running", os.getpid(), os.environ.get("PYTHONMALLOC"), sys.getallocatedblocks(),
-          sys.argv[1:])
-""")
-
-
-def test_use_system_malloc_runs_the_command_again_on_glibcs_malloc(tmp_path) -> None:
-    script = tmp_path / "child.py"
-    script.write_text(SYSTEM_MALLOC_CHILD)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONMALLOC"}
-    out = subprocess.run([sys.executable, str(script), "serve", "--listen", "x"], env=env,
-                         capture_output=True, text=True, check=True, timeout=120).stdout
-    starts = [line.split()[1] for line in out.splitlines() if line.startswith("start")]
-    running = [line.split(maxsplit=4) for line in out.splitlines() if line.startswith("running")]
-    # Started twice (the exec), in one process, and ran once: with no block in CPython's
-    # arenas, its arguments intact.
-    assert len(starts) == 2 and starts[0] == starts[1], out
-    assert running == [["running", starts[0], "malloc", "0", "['serve', '--listen', 'x']"]], out
-
-
-def test_use_system_malloc_leaves_an_allocator_the_user_picked(tmp_path) -> None:
-    script = tmp_path / "child.py"
-    script.write_text(SYSTEM_MALLOC_CHILD)
-    env = {**os.environ, "PYTHONMALLOC": "pymalloc"}
-    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
-                         text=True, check=True, timeout=120).stdout
-    lines = out.splitlines()
-    assert len(lines) == 2 and lines[1].split()[2] == "pymalloc", out
-    assert int(lines[1].split()[3]) > 1000, out
