@@ -485,6 +485,11 @@ def test_real_alertmanager_fires_and_resolves_with_our_labels_and_times(
     assert alert["generatorURL"].startswith("http://tw.test:8501/alerts?rule=")
     assert firing["groupKey"] == f'{{}}:{{alertname="{name}"}}'
 
+    # Resolve a moment after the firing webhook, not within milliseconds of it: sent at once,
+    # about one run of tests/alerts in five saw Alertmanager report this alert resolved 8 s
+    # late, at a firing endsAt, instead of at ours (a race we did not pin down; 0 in 7 runs
+    # since).  Our resolve itself is checked exactly as before.
+    time.sleep(0.5)
     resolved_at = time.time()
     r = s._replace(status="resolved", resolved_at=resolved_at, last_sent_at=now)
     assert d.dispatch([r], now=resolved_at) == {s.fingerprint: resolved_at}
