@@ -26,7 +26,7 @@ from schemas import tables as t
 from schemas.samples import Labels, label_value, make_labels
 from store import samplelog
 from store.chunks import Merged, decode, last_writes, merge, run_bounds, window_start
-from store.values import SeriesColumns, SeriesData, SeriesKey
+from store.values import SeriesColumns, SeriesKey
 
 Agg = Literal["avg", "min", "max", "sum", "count", "last"]
 AGGS: frozenset[str] = frozenset({"avg", "min", "max", "sum", "count", "last"})
@@ -140,14 +140,9 @@ def count_samples(conn: Connection) -> int:
     return int(total or 0) + samplelog.count(conn)
 
 
-def raw_range(conn: Connection, series: Candidates, *, lo_ms: int, hi_ms: int) -> list[SeriesData]:
-    """Raw samples with ``lo_ms <= ts <= hi_ms``; series without any are left out."""
-    return raw_columns(conn, series, lo_ms=lo_ms, hi_ms=hi_ms).series()
-
-
 def raw_columns(conn: Connection, series: Candidates, *, lo_ms: int, hi_ms: int) -> SeriesColumns:
-    """:func:`raw_range` as columns (:class:`store.values.SeriesColumns`), in ``series``'
-    order."""
+    """Raw samples with ``lo_ms <= ts <= hi_ms`` as columns (:class:`store.values.SeriesColumns`),
+    in ``series``' order; series without any are left out."""
     keys: list[SeriesKey] = []
     counts: list[npt.NDArray[np.int64]] = []
     ts: list[npt.NDArray[np.float64]] = []

@@ -674,10 +674,8 @@ class Store:
         match: Mapping[str, str] | None = None,
     ) -> list[SeriesData]:
         """Raw samples of each matching series in ``[start, end]``; empty series left out."""
-        lo, hi = _window(start, end)
-        with self._db("query range"), transaction(self._engine, write=False) as conn:
-            found = query.find_series(conn, name=name, target=target, match=match)
-            return query.raw_range(conn, found, lo_ms=lo, hi_ms=hi)
+        return self.range_columns(name, start=start, end=end, target=target,
+                                  match=match).series()
 
     def range_columns(
         self,
