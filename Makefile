@@ -14,7 +14,7 @@ test: system-deps venv triton-venv lint
 
 lint: venv
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy .
+	$(VENV)/bin/mypy tritonwatch tests bench
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml

@@ -59,7 +59,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from alerts.detect import (
+from tritonwatch.alerts.detect import (
     RegressionRule,
     SharedLoads,
     alertname_for,
@@ -68,20 +68,20 @@ from alerts.detect import (
     fmt_duration,
     fmt_value,
 )
-from alerts.history import QUANTUM_S, RecentBuckets, ceil_to, floor_to
-from alerts.model import Rule
-from schemas.alerts import AlertCandidate
-from schemas.regressions import (
+from tritonwatch.alerts.history import QUANTUM_S, RecentBuckets, ceil_to, floor_to
+from tritonwatch.alerts.model import Rule
+from tritonwatch.schemas.alerts import AlertCandidate
+from tritonwatch.schemas.regressions import (
     BUILTIN_REGRESSIONS,
     DEFAULT_RULE_NAMES,
     DefaultOverride,
     DefaultsSpec,
     RegressionSpec,
 )
-from schemas.samples import Labels, make_labels
+from tritonwatch.schemas.samples import Labels, make_labels
 
 if TYPE_CHECKING:
-    from store import SeriesColumns, SeriesKey, Store
+    from tritonwatch.store import SeriesColumns, SeriesKey, Store
 
 _MODEL = ("model", "version")
 _ALERTNAMES = {

@@ -49,14 +49,14 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from alerts.history import BucketHistory, RecentBuckets, ceil_to, floor_to, quantum_for
-from alerts.model import Rule
-from schemas.alerts import AlertCandidate
-from schemas.regressions import RegressionSpec
-from schemas.samples import Labels, make_labels
+from tritonwatch.alerts.history import BucketHistory, RecentBuckets, ceil_to, floor_to, quantum_for
+from tritonwatch.alerts.model import Rule
+from tritonwatch.schemas.alerts import AlertCandidate
+from tritonwatch.schemas.regressions import RegressionSpec
+from tritonwatch.schemas.samples import Labels, make_labels
 
 if TYPE_CHECKING:
-    from store import SeriesData, Store
+    from tritonwatch.store import SeriesData, Store
 
 WEEK_S = 7 * 86400.0
 _MAD_TO_SIGMA = 1.4826

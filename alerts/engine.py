@@ -44,14 +44,14 @@ from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from alerts.model import Rule
-from schemas.alerts import AlertCandidate, AlertEvent, AlertState, fingerprint
-from schemas.samples import make_labels
-from store.alerts import AlertStore, StoredAlert
-from store.errors import StoreError
+from tritonwatch.alerts.model import Rule
+from tritonwatch.schemas.alerts import AlertCandidate, AlertEvent, AlertState, fingerprint
+from tritonwatch.schemas.samples import make_labels
+from tritonwatch.store.alerts import AlertStore, StoredAlert
+from tritonwatch.store.errors import StoreError
 
 if TYPE_CHECKING:
-    from store import Store
+    from tritonwatch.store import Store
 
 log = logging.getLogger(__name__)
 

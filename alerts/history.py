@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 import numpy.typing as npt
 
-from schemas.samples import Labels, make_labels
+from tritonwatch.schemas.samples import Labels, make_labels
 
 if TYPE_CHECKING:
-    from store import SeriesColumns, Store
+    from tritonwatch.store import SeriesColumns, Store
 
 F64 = npt.NDArray[np.float64]
 GroupKey = tuple[str, Labels]  # target, by-labels

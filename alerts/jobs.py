@@ -19,14 +19,14 @@ from typing import TYPE_CHECKING
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from prometheus_client import CollectorRegistry
 
-from alerts.engine import Engine
-from alerts.model import Rule
-from store.errors import StoreError
+from tritonwatch.alerts.engine import Engine
+from tritonwatch.alerts.model import Rule
+from tritonwatch.store.errors import StoreError
 
 if TYPE_CHECKING:
-    from alerts.notify import Dispatcher
-    from schemas.config import Config
-    from store import Store
+    from tritonwatch.alerts.notify import Dispatcher
+    from tritonwatch.schemas.config import Config
+    from tritonwatch.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -65,12 +65,12 @@ class AlertJob:
         """
         alerting = config.alerting
         if rules is None:
-            from alerts.rules import load_rules
+            from tritonwatch.alerts.rules import load_rules
 
             rules = list(load_rules(alerting.rules_file))
         dispatcher = None
         if alerting.alertmanagers or alerting.webhooks:
-            from alerts.notify import build_dispatcher
+            from tritonwatch.alerts.notify import build_dispatcher
 
             dispatcher = build_dispatcher(alerting)
         engine = Engine(

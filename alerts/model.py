@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
-from schemas.alerts import AlertCandidate
+from tritonwatch.schemas.alerts import AlertCandidate
 
 if TYPE_CHECKING:
-    from store import Store
+    from tritonwatch.store import Store
 
 
 class Rule(Protocol):

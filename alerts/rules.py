@@ -15,14 +15,21 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from alerts.slo import SEVERITIES, Slo, SloStatus, TierStatus, evaluate_tiers, slo_statuses
-from schemas.alerts import AlertCandidate
-from schemas.rules import RulesFile, SloSpec, ThresholdRuleSpec, load_rules_file
-from schemas.samples import Labels, make_labels
+from tritonwatch.alerts.slo import (
+    SEVERITIES,
+    Slo,
+    SloStatus,
+    TierStatus,
+    evaluate_tiers,
+    slo_statuses,
+)
+from tritonwatch.schemas.alerts import AlertCandidate
+from tritonwatch.schemas.rules import RulesFile, SloSpec, ThresholdRuleSpec, load_rules_file
+from tritonwatch.schemas.samples import Labels, make_labels
 
 if TYPE_CHECKING:
-    from alerts.model import Rule
-    from store import Store
+    from tritonwatch.alerts.model import Rule
+    from tritonwatch.store import Store
 
 #: The error budget shown in SLO alert annotations is recomputed at most this often (it is a
 #: 28/30-day figure and the costliest query of an SLO).
@@ -222,8 +229,8 @@ def _aggregate(agg: str, points: list[tuple[float, float]]) -> float | None:
 def rules_from_file(rules: RulesFile) -> list[Rule]:
     """The SLO, threshold, regression and built-in rules of a validated file."""
     # Imported here: the regression detectors and built-in rules live in their own modules.
-    from alerts.defaults import default_rules
-    from alerts.detect import SharedLoads, regression_rules
+    from tritonwatch.alerts.defaults import default_rules
+    from tritonwatch.alerts.detect import SharedLoads, regression_rules
 
     loads: SharedLoads = {}  # load histories, shared by every regression rule of the file
     out: list[Rule] = [SloBurnRule.from_spec(s) for s in rules.slos]

@@ -41,8 +41,8 @@ from typing import TYPE_CHECKING, Literal, NamedTuple
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from schemas.config import ConfigError, PositiveDuration, error_lines
-from schemas.rules import (
+from tritonwatch.schemas.config import ConfigError, PositiveDuration, error_lines
+from tritonwatch.schemas.rules import (
     AvailabilitySli,
     ProbeLatencySli,
     ProbeSuccessSli,
@@ -50,10 +50,10 @@ from schemas.rules import (
     SloAlerting,
     SloSpec,
 )
-from schemas.samples import Labels, label_value, make_labels
+from tritonwatch.schemas.samples import Labels, label_value, make_labels
 
 if TYPE_CHECKING:
-    from store import SeriesData, Store
+    from tritonwatch.store import SeriesData, Store
 
 log = logging.getLogger(__name__)
 

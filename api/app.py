@@ -13,10 +13,10 @@ from fastapi import Depends, FastAPI, HTTPException, Query, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BaseModel
 
-from api.receiver import receiver_router
-from schemas.alerting import AlertingConfig
-from store import QueryError, Store
-from store.alerts import AlertStore
+from tritonwatch.api.receiver import receiver_router
+from tritonwatch.schemas.alerting import AlertingConfig
+from tritonwatch.store import QueryError, Store
+from tritonwatch.store.alerts import AlertStore
 
 
 class TargetHealthOut(BaseModel):

@@ -31,10 +31,10 @@ from fastapi import APIRouter, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 
-from schemas.alerting import ReceiverConfig
-from schemas.alerts import AlertEvent, fingerprint
-from schemas.samples import make_labels
-from store.errors import StoreError
+from tritonwatch.schemas.alerting import ReceiverConfig
+from tritonwatch.schemas.alerts import AlertEvent, fingerprint
+from tritonwatch.schemas.samples import make_labels
+from tritonwatch.store.errors import StoreError
 
 log = logging.getLogger("tritonwatch.api.receiver")
 

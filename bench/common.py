@@ -25,8 +25,8 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from bench.payloads import triton_payload
-from collector.parse import parse
-from schemas.samples import label_value
+from tritonwatch.collector.parse import parse
+from tritonwatch.schemas.samples import label_value
 
 __all__ = [
     "Fleet",

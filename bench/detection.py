@@ -46,10 +46,10 @@ from pathlib import Path
 
 import numpy as np
 
-from alerts.defaults import default_rules
-from alerts.model import Rule
-from schemas.samples import Sample, make_labels
-from store import Store, open_store
+from tritonwatch.alerts.defaults import default_rules
+from tritonwatch.alerts.model import Rule
+from tritonwatch.schemas.samples import Sample, make_labels
+from tritonwatch.store import Store, open_store
 
 SCRAPE_S = 30.0
 HISTORY_S = 4.5 * 3600  # before the evaluated span: fills the 4 h + 15 min windows

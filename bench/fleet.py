@@ -41,8 +41,8 @@ from bench.common import (
     simulated_fleet,
     wait_until,
 )
-from store import open_store
 from tests.fixtures_pg import _free_port
+from tritonwatch.store import open_store
 
 
 @dataclass

@@ -44,15 +44,15 @@ import psycopg
 from psycopg import sql
 
 from bench.common import Fleet, fleet_models, proc_stat, process_tree_cpu, simulated_fleet
-from collector.derive import Deriver
-from collector.jobs import Collector
-from collector.scrape import fetch_metrics, make_client
-from collector.shape import Shape, parse_columns
-from schemas.config import Config, validate_config
-from schemas.samples import Labels, TargetHealth
-from schemas.triton import ModelConfigInfo
-from store import Store, open_store
+from tritonwatch.collector.derive import Deriver
+from tritonwatch.collector.jobs import Collector
+from tritonwatch.collector.scrape import fetch_metrics, make_client
+from tritonwatch.collector.shape import Shape, parse_columns
 from tritonwatch.memory import tune_gc
+from tritonwatch.schemas.config import Config, validate_config
+from tritonwatch.schemas.samples import Labels, TargetHealth
+from tritonwatch.schemas.triton import ModelConfigInfo
+from tritonwatch.store import Store, open_store
 
 T0 = 1_700_000_000.0
 INTERVAL_S = 15.0

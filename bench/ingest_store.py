@@ -12,9 +12,9 @@ import argparse
 import tempfile
 import time
 
-from schemas.samples import Sample, make_labels
-from store import Store, open_store
 from tests.fixtures_pg import running_postgres
+from tritonwatch.schemas.samples import Sample, make_labels
+from tritonwatch.store import Store, open_store
 
 
 def scrape_samples(n: int, tick: int) -> list[Sample]:

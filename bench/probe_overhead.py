@@ -13,10 +13,10 @@ import argparse
 import time
 from collections import defaultdict
 
-from collector.probes.runner import ProbeRunner
-from collector.probes.stats import percentile
-from schemas.probes import ProbeConfig
+from tritonwatch.collector.probes.runner import ProbeRunner
+from tritonwatch.collector.probes.stats import percentile
 from tritonwatch.rig import TritonRig
+from tritonwatch.schemas.probes import ProbeConfig
 
 
 def main() -> None:

@@ -35,12 +35,12 @@ from typing import Any
 
 from bench.common import Fleet, simulated_fleet
 from bench.ingest import postgres_backend
-from collector.jobs import Collector
-from schemas.config import validate_config
-from schemas.samples import Sample, make_labels
-from store import Store
-from store.engine import transaction
-from store.maintenance import WATERMARK_1H, WATERMARK_5M
+from tritonwatch.collector.jobs import Collector
+from tritonwatch.schemas.config import validate_config
+from tritonwatch.schemas.samples import Sample, make_labels
+from tritonwatch.store import Store
+from tritonwatch.store.engine import transaction
+from tritonwatch.store.maintenance import WATERMARK_1H, WATERMARK_5M
 
 DAY = 86_400.0
 STEP = 15.0

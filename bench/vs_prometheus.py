@@ -49,9 +49,9 @@ from bench.common import (
     wait_until,
 )
 from bench.ingest import postgres_backend
-from schemas.config import StoreConfig
-from store import open_store
 from tests.fixtures_pg import _free_port
+from tritonwatch.schemas.config import StoreConfig
+from tritonwatch.store import open_store
 
 PROMETHEUS = "/usr/bin/prometheus"
 

@@ -47,11 +47,11 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from schemas.samples import Labels, Sample, Snapshot, label_value, make_labels
-from schemas.triton import ModelConfigInfo
+from tritonwatch.schemas.samples import Labels, Sample, Snapshot, label_value, make_labels
+from tritonwatch.schemas.triton import ModelConfigInfo
 
 if TYPE_CHECKING:
-    from collector.shape import Shape, Values
+    from tritonwatch.collector.shape import Shape, Values
 
 logger = logging.getLogger(__name__)
 

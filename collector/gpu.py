@@ -63,10 +63,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from collector.derive import SliSpec
-from collector.nvml import CLOCK_EVENT_REASONS, THROTTLE_REASONS
-from collector.shape import Values
-from schemas.samples import Labels, Sample, label_value, make_labels
+from tritonwatch.collector.derive import SliSpec
+from tritonwatch.collector.nvml import CLOCK_EVENT_REASONS, THROTTLE_REASONS
+from tritonwatch.collector.shape import Values
+from tritonwatch.schemas.samples import Labels, Sample, label_value, make_labels
 
 _G = ("gpu_uuid",)
 

@@ -36,20 +36,20 @@ from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_MISSED, JobExecutionEv
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from collector.derive import Deriver
-from collector.gpu import EMPTY_PLAN, GpuSliDeriver, TritonGpuPlan, TritonReading
-from collector.nvml import NvmlCollector
-from collector.parse import ParseError
-from collector.probes.runner import ProbeRunner, resolve_url
-from collector.probes.sink import ProbeMetrics, run_samples
-from collector.scrape import ScrapeError, fetch_metrics, make_client
-from collector.shape import Shape, Values, parse_columns
-from collector.triton import TritonApi, TritonApiError
-from schemas.config import Config, TargetConfig
-from schemas.probes import ProbeResult
-from schemas.samples import Labels, Sample, Snapshot, TargetHealth
-from schemas.triton import ModelConfigInfo
-from store import Store
+from tritonwatch.collector.derive import Deriver
+from tritonwatch.collector.gpu import EMPTY_PLAN, GpuSliDeriver, TritonGpuPlan, TritonReading
+from tritonwatch.collector.nvml import NvmlCollector
+from tritonwatch.collector.parse import ParseError
+from tritonwatch.collector.probes.runner import ProbeRunner, resolve_url
+from tritonwatch.collector.probes.sink import ProbeMetrics, run_samples
+from tritonwatch.collector.scrape import ScrapeError, fetch_metrics, make_client
+from tritonwatch.collector.shape import Shape, Values, parse_columns
+from tritonwatch.collector.triton import TritonApi, TritonApiError
+from tritonwatch.schemas.config import Config, TargetConfig
+from tritonwatch.schemas.probes import ProbeResult
+from tritonwatch.schemas.samples import Labels, Sample, Snapshot, TargetHealth
+from tritonwatch.schemas.triton import ModelConfigInfo
+from tritonwatch.store import Store
 
 log = logging.getLogger(__name__)
 

@@ -64,8 +64,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from schemas.nvml import NvmlConfig
-from schemas.samples import Labels, Sample, TargetHealth, make_labels
+from tritonwatch.schemas.nvml import NvmlConfig
+from tritonwatch.schemas.samples import Labels, Sample, TargetHealth, make_labels
 
 log = logging.getLogger(__name__)
 

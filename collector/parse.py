@@ -44,7 +44,7 @@ from typing import Any
 
 from prometheus_client.parser import text_fd_to_metric_families
 
-from schemas.samples import METRIC_TYPES, MetricFamily, Sample, make_labels
+from tritonwatch.schemas.samples import METRIC_TYPES, MetricFamily, Sample, make_labels
 
 __all__ = [
     "MAX_LABELS",

@@ -41,7 +41,7 @@ from typing import NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from collector.parse import (
+from tritonwatch.collector.parse import (
     MAX_LINE_CHARS,
     _decode,
     _reference_value,
@@ -49,7 +49,7 @@ from collector.parse import (
     parse_reference,
     restore_exposed_names,
 )
-from schemas.samples import Labels, MetricFamily, Sample, Snapshot
+from tritonwatch.schemas.samples import Labels, MetricFamily, Sample, Snapshot
 
 __all__ = ["Shape", "parse_columns"]
 

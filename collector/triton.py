@@ -24,9 +24,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
-from collector.grpc_options import channel_args
-from schemas.samples import MetricFamily, Sample, Snapshot, make_labels
-from schemas.triton import ModelConfigInfo
+from tritonwatch.collector.grpc_options import channel_args
+from tritonwatch.schemas.samples import MetricFamily, Sample, Snapshot, make_labels
+from tritonwatch.schemas.triton import ModelConfigInfo
 
 log = logging.getLogger(__name__)
 

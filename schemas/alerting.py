@@ -27,7 +27,7 @@ from pathlib import Path
 
 from pydantic import Field, field_validator, model_validator
 
-from schemas.config import (
+from tritonwatch.schemas.config import (
     _PLACEHOLDER_SECRETS,
     ByteSize,
     HttpUrl,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 from typing import Literal, NamedTuple
 
-from schemas.samples import Labels
+from tritonwatch.schemas.samples import Labels
 
 AlertStatus = Literal["pending", "firing", "resolved"]
 EventStatus = Literal["firing", "resolved"]

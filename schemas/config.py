@@ -35,8 +35,8 @@ from pydantic import (
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
-from schemas.nvml import NvmlConfig
-from schemas.probes import ProbeConfig
+from tritonwatch.schemas.nvml import NvmlConfig
+from tritonwatch.schemas.probes import ProbeConfig
 
 DEFAULT_DATA_DIR = Path("tritonwatch-data")
 DEFAULT_STORE_URL = f"sqlite:///{DEFAULT_DATA_DIR}/tritonwatch.db"
@@ -470,7 +470,7 @@ def read_yaml(path: str | Path) -> Any:
 
 # schemas.alerting builds on this module's types, so it is imported last, as a module: that
 # works in either import order (``Config`` resolves ``_alerting.AlertingConfig`` on first use).
-from schemas import alerting as _alerting  # noqa: E402
+from tritonwatch.schemas import alerting as _alerting  # noqa: E402
 
 if hasattr(_alerting, "AlertingConfig"):
     Config.model_rebuild()

@@ -25,7 +25,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 def _duration(value: Any) -> float:
     # Imported here, not at module level, so that schemas/config.py can import this module
     # (to nest ``nvml:`` in its Config) without a circular import.
-    from schemas.config import parse_duration
+    from tritonwatch.schemas.config import parse_duration
 
     return parse_duration(value)
 

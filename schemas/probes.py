@@ -111,14 +111,14 @@ class ProbeConfig(BaseModel):
     @field_validator("interval", "timeout", "ttft_slo", "itl_slo", mode="before")
     @classmethod
     def _duration(cls, value: Any) -> Any:
-        from schemas.config import parse_duration
+        from tritonwatch.schemas.config import parse_duration
 
         return None if value is None else parse_duration(value)
 
     @field_validator("headers")
     @classmethod
     def _headers(cls, value: dict[str, str]) -> dict[str, str]:
-        from schemas.config import check_headers
+        from tritonwatch.schemas.config import check_headers
 
         return check_headers(value)
 
@@ -148,7 +148,7 @@ class ProbeConfig(BaseModel):
 
 def validate_probe_url(protocol: str, url: str) -> str:
     """``host:port`` for grpc, an http(s) URL otherwise; ValueError quoting ``url``."""
-    from schemas.config import _grpc_address, _http_url
+    from tritonwatch.schemas.config import _grpc_address, _http_url
 
     if protocol == "grpc":
         address = url.removeprefix("grpc://")

@@ -40,7 +40,7 @@ from pydantic import (
     model_validator,
 )
 
-from schemas.config import Duration, PositiveDuration
+from tritonwatch.schemas.config import Duration, PositiveDuration
 
 #: Names of the built-in rules of ``alerts/defaults.py`` (what ``disable`` and ``overrides``
 #: may name).  Kept here so that the rules file is validated without importing the engine.

@@ -51,8 +51,14 @@ from pydantic import (
     model_validator,
 )
 
-from schemas.config import ConfigError, Duration, PositiveDuration, error_lines, read_yaml
-from schemas.regressions import DEFAULT_RULE_NAMES, DefaultsSpec, RegressionSpec
+from tritonwatch.schemas.config import (
+    ConfigError,
+    Duration,
+    PositiveDuration,
+    error_lines,
+    read_yaml,
+)
+from tritonwatch.schemas.regressions import DEFAULT_RULE_NAMES, DefaultsSpec, RegressionSpec
 
 _NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.:\-]*$"
 _LABEL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

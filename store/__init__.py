@@ -2,17 +2,17 @@
 
 Typical use (see ``store.store`` for the write path and its guarantees)::
 
-    from store import open_store
+    from tritonwatch.store import open_store
     store = open_store("sqlite:///tritonwatch-data/tw.db")
     store.create_schema()
     store.write(target, ts, samples); store.flush()
     store.range("nv_inference_count", start=t0, end=t1, match={"model": "resnet"})
 """
 
-from store.errors import QueryError, StoreError
-from store.query import Agg
-from store.store import Store, open_store
-from store.values import SeriesColumns, SeriesData, SeriesKey
+from tritonwatch.store.errors import QueryError, StoreError
+from tritonwatch.store.query import Agg
+from tritonwatch.store.store import Store, open_store
+from tritonwatch.store.values import SeriesColumns, SeriesData, SeriesKey
 
 __all__ = [
     "Agg",

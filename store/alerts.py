@@ -27,13 +27,13 @@ import psycopg
 from sqlalchemy import delete, select, update
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
-from schemas import tables as t
-from schemas.alerts import AlertEvent, AlertState, AlertStatus, EventStatus
-from schemas.samples import Labels, labels_json, make_labels
-from store.engine import transaction
-from store.errors import StoreError
-from store.store import Store
-from store.write import dialect_insert
+from tritonwatch.schemas import tables as t
+from tritonwatch.schemas.alerts import AlertEvent, AlertState, AlertStatus, EventStatus
+from tritonwatch.schemas.samples import Labels, labels_json, make_labels
+from tritonwatch.store.engine import transaction
+from tritonwatch.store.errors import StoreError
+from tritonwatch.store.store import Store
+from tritonwatch.store.write import dialect_insert
 
 _DB_ERRORS = (SQLAlchemyError, psycopg.Error, sqlite3.Error)
 _STATUSES = frozenset({"pending", "firing", "resolved"})

@@ -30,11 +30,11 @@ import numpy as np
 import numpy.typing as npt
 from sqlalchemy import Connection, Engine, Table, case, delete, exists, func, select, tuple_
 
-from schemas import tables as t
-from store.chunks import MAX_SAMPLES, WINDOW_MS, encode, window_start
-from store.engine import transaction
-from store.query import ROLLUP_1H_MS, ROLLUP_5M_MS, aggregate, merge_rows, raw_samples
-from store.write import PG_LOCK_ROLLUP, dialect_insert, insert_chunks
+from tritonwatch.schemas import tables as t
+from tritonwatch.store.chunks import MAX_SAMPLES, WINDOW_MS, encode, window_start
+from tritonwatch.store.engine import transaction
+from tritonwatch.store.query import ROLLUP_1H_MS, ROLLUP_5M_MS, aggregate, merge_rows, raw_samples
+from tritonwatch.store.write import PG_LOCK_ROLLUP, dialect_insert, insert_chunks
 
 log = logging.getLogger(__name__)
 

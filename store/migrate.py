@@ -15,10 +15,10 @@ import logging
 import numpy as np
 from sqlalchemy import Engine, inspect, text
 
-from store.chunks import MAX_SAMPLES, encode
-from store.engine import transaction
-from store.maintenance import advisory_lock
-from store.write import insert_chunks
+from tritonwatch.store.chunks import MAX_SAMPLES, encode
+from tritonwatch.store.engine import transaction
+from tritonwatch.store.maintenance import advisory_lock
+from tritonwatch.store.write import insert_chunks
 
 log = logging.getLogger(__name__)
 

@@ -22,11 +22,11 @@ import numpy as np
 import numpy.typing as npt
 from sqlalchemy import BigInteger, Connection, Table, cast, func, select
 
-from schemas import tables as t
-from schemas.samples import Labels, label_value, make_labels
-from store import samplelog
-from store.chunks import Merged, decode, last_writes, merge, run_bounds, window_start
-from store.values import SeriesColumns, SeriesKey
+from tritonwatch.schemas import tables as t
+from tritonwatch.schemas.samples import Labels, label_value, make_labels
+from tritonwatch.store import samplelog
+from tritonwatch.store.chunks import Merged, decode, last_writes, merge, run_bounds, window_start
+from tritonwatch.store.values import SeriesColumns, SeriesKey
 
 Agg = Literal["avg", "min", "max", "sum", "count", "last"]
 AGGS: frozenset[str] = frozenset({"avg", "min", "max", "sum", "count", "last"})

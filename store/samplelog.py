@@ -39,10 +39,10 @@ import numpy as np
 import numpy.typing as npt
 from sqlalchemy import Connection, Engine, delete, func, select, tuple_
 
-from schemas import tables as t
-from store.chunks import MAX_SAMPLES, Encoded, encode, run_bounds, sort_keep_last
-from store.engine import transaction
-from store.write import PG_COPY_HEADER, PG_COPY_TRAILER, PG_LOCK_ROLLUP, insert_chunks
+from tritonwatch.schemas import tables as t
+from tritonwatch.store.chunks import MAX_SAMPLES, Encoded, encode, run_bounds, sort_keep_last
+from tritonwatch.store.engine import transaction
+from tritonwatch.store.write import PG_COPY_HEADER, PG_COPY_TRAILER, PG_LOCK_ROLLUP, insert_chunks
 
 log = logging.getLogger(__name__)
 

@@ -39,15 +39,15 @@ import psycopg
 from sqlalchemy import Engine, select
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
-from schemas import tables as t
-from schemas.probes import ProbeResult
-from schemas.samples import Labels, Sample, TargetHealth
-from store import maintenance, migrate, query, samplelog
-from store.chunks import sort_keep_last
-from store.engine import build_engine, parse_url, redact, transaction
-from store.errors import QueryError, StoreError
-from store.values import SeriesColumns, SeriesData, SeriesKey
-from store.write import (
+from tritonwatch.schemas import tables as t
+from tritonwatch.schemas.probes import ProbeResult
+from tritonwatch.schemas.samples import Labels, Sample, TargetHealth
+from tritonwatch.store import maintenance, migrate, query, samplelog
+from tritonwatch.store.chunks import sort_keep_last
+from tritonwatch.store.engine import build_engine, parse_url, redact, transaction
+from tritonwatch.store.errors import QueryError, StoreError
+from tritonwatch.store.values import SeriesColumns, SeriesData, SeriesKey
+from tritonwatch.store.write import (
     Layout,
     SeriesKeyTuple,
     dialect_insert,

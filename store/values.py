@@ -9,7 +9,7 @@ from typing import NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from schemas.samples import Labels
+from tritonwatch.schemas.samples import Labels
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]

@@ -16,9 +16,9 @@ import numpy.typing as npt
 from sqlalchemy import Connection, Table
 from sqlalchemy.dialects import postgresql, sqlite
 
-from schemas import tables as t
-from schemas.samples import Labels, labels_json
-from store.chunks import Encoded
+from tritonwatch.schemas import tables as t
+from tritonwatch.schemas.samples import Labels, labels_json
+from tritonwatch.store.chunks import Encoded
 
 SeriesKeyTuple = tuple[str, str, Labels]  # (target, name, labels): the series cache key
 

@@ -43,9 +43,9 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
-from api.receiver import receiver_router
-from schemas.alerting import ReceiverConfig
-from schemas.alerts import AlertEvent
+from tritonwatch.api.receiver import receiver_router
+from tritonwatch.schemas.alerting import ReceiverConfig
+from tritonwatch.schemas.alerts import AlertEvent
 
 INSTALL_HINT = (
     "Alertmanager was not found. Install it with `apt-get install prometheus-alertmanager` "

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from store import Store, open_store
+from tritonwatch.store import Store, open_store
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 import pytest
 
-from schemas.config import (
+from tritonwatch.schemas.config import (
     DEFAULT_STORE_URL,
     ConfigError,
     load_config,
@@ -182,8 +182,8 @@ def test_ordinary_headers_are_kept():
 def test_validation_error_text_never_quotes_header_values():
     from pydantic import ValidationError
 
-    from schemas.config import Config
-    from schemas.probes import ProbeConfig
+    from tritonwatch.schemas.config import Config
+    from tritonwatch.schemas.probes import ProbeConfig
 
     bad = {"Authorization": f"Bearer {SECRET}\n"}
     with pytest.raises(ValidationError) as info:
@@ -273,7 +273,7 @@ def test_store_urls_the_store_would_refuse_fail_validation(url, message):
 @pytest.mark.parametrize("url", [DEFAULT_STORE_URL, "sqlite:////abs/tw.db",
                                  "postgresql://u:p@db/tw", "postgresql+psycopg://db/tw"])
 def test_store_urls_the_store_accepts_pass(url):
-    from store.engine import parse_url
+    from tritonwatch.store.engine import parse_url
 
     parse_url(url)  # the store agrees
     assert validate_config({"store": {"url": url}}).store.url == url

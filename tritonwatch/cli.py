@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from schemas.config import ConfigError, load_config
+from tritonwatch.schemas.config import ConfigError, load_config
 
 log = logging.getLogger("tritonwatch")
 
@@ -95,7 +95,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
 
 def _duration(value: str) -> float:
-    from schemas.config import parse_duration
+    from tritonwatch.schemas.config import parse_duration
 
     try:
         return parse_duration(value)
@@ -166,7 +166,7 @@ def _print_alerts(outcome: Any, as_json: bool, what: str) -> None:
 
 
 def _load_rules(path: str | None) -> Any:
-    from alerts.rules import load_rules
+    from tritonwatch.alerts.rules import load_rules
 
     return load_rules(path)
 
@@ -190,8 +190,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_backtest(args: argparse.Namespace) -> int:
-    from store import StoreError, open_store
     from tritonwatch.replay import ReplayError, backtest
+    from tritonwatch.store import StoreError, open_store
 
     try:
         config = load_config(args.config)
@@ -211,10 +211,20 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     return 0
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("tritonwatch")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tritonwatch", description="Observability and SLOs for Triton Inference Server fleets"
     )
+    parser.add_argument("--version", action="version", version=f"tritonwatch {_version()}")
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="more logging: -v info, -vv debug, -vvv also every HTTP request "
                         "and scheduler run")

@@ -19,15 +19,15 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from collector.jobs import Collector
-from schemas.alerts import AlertState
-from schemas.config import validate_config
-from schemas.samples import TargetHealth, label_value
-from store.alerts import AlertStore
+from tritonwatch.collector.jobs import Collector
 from tritonwatch.loadgen import LoadGenerator
 from tritonwatch.render import model_table
 from tritonwatch.rig import TritonRig, ensure_triton_env
+from tritonwatch.schemas.alerts import AlertState
+from tritonwatch.schemas.config import validate_config
+from tritonwatch.schemas.samples import TargetHealth, label_value
 from tritonwatch.serve import serve
+from tritonwatch.store.alerts import AlertStore
 
 log = logging.getLogger(__name__)
 

@@ -23,12 +23,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from collector.derive import Deriver
-from collector.parse import parse
-from collector.scrape import fetch_metrics, make_client
-from collector.triton import TritonApi
-from schemas.samples import MetricFamily, Sample, Snapshot, label_value
-from schemas.triton import ModelConfigInfo
+from tritonwatch.collector.derive import Deriver
+from tritonwatch.collector.parse import parse
+from tritonwatch.collector.scrape import fetch_metrics, make_client
+from tritonwatch.collector.triton import TritonApi
+from tritonwatch.schemas.samples import MetricFamily, Sample, Snapshot, label_value
+from tritonwatch.schemas.triton import ModelConfigInfo
 
 TARGET = "inspect"
 

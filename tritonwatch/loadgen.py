@@ -29,7 +29,7 @@ from typing import Any, Self
 import numpy as np
 import tritonclient.grpc as grpcclient
 
-from collector.grpc_options import channel_args
+from tritonwatch.collector.grpc_options import channel_args
 
 log = logging.getLogger(__name__)
 

@@ -15,9 +15,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from collector.probes.runner import ProbeRunner
-from collector.probes.stats import STAT_KEYS, summarize
-from schemas.probes import InferInput, ProbeConfig, ProbeResult
+from tritonwatch.collector.probes.runner import ProbeRunner
+from tritonwatch.collector.probes.stats import STAT_KEYS, summarize
+from tritonwatch.schemas.probes import InferInput, ProbeConfig, ProbeResult
 
 ROWS = (
     ("Time to first token (ms)", "ttft_ms"),

@@ -30,7 +30,7 @@ import httpx
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from collector.scrape import ScrapeError, fetch_metrics, make_client, redact_url
+from tritonwatch.collector.scrape import ScrapeError, fetch_metrics, make_client, redact_url
 
 log = logging.getLogger(__name__)
 

@@ -39,17 +39,17 @@ from typing import Any, NamedTuple, cast
 
 from pydantic import ValidationError
 
-from alerts.engine import Engine
-from alerts.model import Rule
-from collector.derive import Deriver
-from collector.parse import ParseError, parse
-from collector.probes.sink import run_samples
-from collector.triton import parse_model_config, stats_families
-from schemas.alerts import AlertEvent
-from schemas.probes import ERROR_KINDS, ErrorKind, ProbeConfig, ProbeResult
-from schemas.samples import MetricFamily, Sample, Snapshot
-from schemas.triton import ModelConfigInfo
-from store import Store, open_store
+from tritonwatch.alerts.engine import Engine
+from tritonwatch.alerts.model import Rule
+from tritonwatch.collector.derive import Deriver
+from tritonwatch.collector.parse import ParseError, parse
+from tritonwatch.collector.probes.sink import run_samples
+from tritonwatch.collector.triton import parse_model_config, stats_families
+from tritonwatch.schemas.alerts import AlertEvent
+from tritonwatch.schemas.probes import ERROR_KINDS, ErrorKind, ProbeConfig, ProbeResult
+from tritonwatch.schemas.samples import MetricFamily, Sample, Snapshot
+from tritonwatch.schemas.triton import ModelConfigInfo
+from tritonwatch.store import Store, open_store
 
 log = logging.getLogger(__name__)
 

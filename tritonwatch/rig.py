@@ -1,8 +1,8 @@
 """A real, local Triton Inference Server for tests, ``tritonwatch demo`` and benchmarks.
 
 The server is the ``tritonserver`` binary shipped in the ``nvidia-pytriton`` wheel, run from its
-own virtual environment (``.venv-triton``; it pins numpy<2, the product uses numpy 2) on the
-Python-backend model repository in ``tests/rig/models``:
+own virtual environment (it pins numpy<2, the product uses numpy 2; see :func:`default_venv`) on
+the Python-backend model repository shipped as package data in ``tritonwatch/rig_models``:
 
 - ``batcher``: max_batch_size 16, dynamic batching (preferred 4 and 8, 20 ms queue delay), one
   CPU instance; clients send batch-1 requests and Triton forms the batches.
@@ -57,12 +57,14 @@ from typing import Any, Self
 log = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_VENV = REPO_ROOT / ".venv-triton"
-DEFAULT_MODEL_REPO = REPO_ROOT / "tests" / "rig" / "models"
+#: The demo's models travel inside the package (package data), so an installed wheel has them.
+DEFAULT_MODEL_REPO = Path(__file__).resolve().with_name("rig_models")
+#: Overrides where the Triton virtual environment lives.
+TRITON_VENV_ENV = "TRITONWATCH_TRITON_VENV"
 PYTRITON_REQUIREMENT = "nvidia-pytriton==0.7.0"
 
 #: Every key the rig models understand, with its default. Kept in step with DEFAULTS in
-#: tests/rig/models/*/1/model.py (the models cannot import product code: they run in Triton's
+#: tritonwatch/rig_models/*/1/model.py (the models cannot import product code: they run in Triton's
 #: Python stub, in the Triton venv).
 CONTROL_DEFAULTS: dict[str, Any] = {
     # fake_llm
@@ -117,12 +119,29 @@ def _find_server_dir(venv: Path) -> Path | None:
     return None
 
 
-def ensure_triton_env(venv: Path = DEFAULT_VENV) -> Path:
+def default_venv() -> Path:
+    """Where the Triton virtual environment lives (about 370 MB once installed).
+
+    ``$TRITONWATCH_TRITON_VENV`` if set; else a source checkout's ``.venv-triton`` (``make``
+    creates it there); else the user's cache directory (``$XDG_CACHE_HOME/tritonwatch/
+    venv-triton``, ``~/.cache/...`` by default), never inside site-packages.
+    """
+    override = os.environ.get(TRITON_VENV_ENV)
+    if override:
+        return Path(override).expanduser()
+    if (REPO_ROOT / "pyproject.toml").is_file() and (REPO_ROOT / ".git").exists():
+        return REPO_ROOT / ".venv-triton"
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "tritonwatch" / "venv-triton"
+
+
+def ensure_triton_env(venv: Path | None = None) -> Path:
     """Create ``venv`` with nvidia-pytriton (and so tritonserver) unless it is already there.
 
     Installing downloads a ~55 MB wheel once; later calls only check the files.
     """
-    venv = Path(venv)
+    venv = Path(venv) if venv is not None else default_venv()
+    venv.parent.mkdir(parents=True, exist_ok=True)
     if _find_server_dir(venv) is not None:
         return venv
     python = venv / "bin" / "python"
@@ -136,8 +155,12 @@ def ensure_triton_env(venv: Path = DEFAULT_VENV) -> Path:
     return venv
 
 
-def _run(cmd: list[str]) -> None:
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+def _run(cmd: list[str], timeout: float = 900.0) -> None:
+    # pip downloads ~55 MB; a stalled mirror must end in an error, not a hung demo.
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        raise RigError(f"{' '.join(cmd)} did not finish within {timeout:.0f} s") from exc
     if proc.returncode != 0:
         raise RigError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
 
@@ -581,6 +604,6 @@ def capture_fixtures(out_dir: Path, rig: TritonRig | None = None) -> list[Path]:
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO)
-    target = Path(sys.argv[1]) if len(sys.argv) > 1 else REPO_ROOT / "tests" / "fixtures" / "rig"
+    target = Path(sys.argv[1]) if len(sys.argv) > 1 else Path.cwd() / "tests" / "fixtures" / "rig"
     for written_path in capture_fixtures(target):
         log.info("wrote %s", written_path)

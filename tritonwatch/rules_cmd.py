@@ -21,9 +21,9 @@ def check_rules(path: str) -> int:
 
     Tiers that can never fire at an SLO's objective are printed as warnings.
     """
-    from alerts.slo import Slo
-    from schemas.config import ConfigError
-    from schemas.rules import load_rules_file
+    from tritonwatch.alerts.slo import Slo
+    from tritonwatch.schemas.config import ConfigError
+    from tritonwatch.schemas.rules import load_rules_file
 
     try:
         rules = load_rules_file(path)
@@ -43,7 +43,7 @@ def check_rules(path: str) -> int:
 
 def rules_schema() -> int:
     """Print the rules file's JSON Schema."""
-    from schemas.rules import rules_json_schema
+    from tritonwatch.schemas.rules import rules_json_schema
 
     _out(json.dumps(rules_json_schema(), indent=2))
     return 0
@@ -51,8 +51,8 @@ def rules_schema() -> int:
 
 def import_slo(path: str, *, window: str = "30d") -> int:
     """Translate a Sloth or OpenSLO file into our rules YAML on stdout (notes on stderr)."""
-    from alerts.importers import import_slo_file, to_yaml
-    from schemas.config import ConfigError
+    from tritonwatch.alerts.importers import import_slo_file, to_yaml
+    from tritonwatch.schemas.config import ConfigError
 
     try:
         imported = import_slo_file(path, window=window)

@@ -28,12 +28,12 @@ from apscheduler.events import (
 )
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
-from alerts.jobs import AlertJob
-from api.app import create_app
-from collector.jobs import Collector, SelfMetrics
-from schemas.config import Config
-from store import Store, open_store
 from tritonwatch import memory
+from tritonwatch.alerts.jobs import AlertJob
+from tritonwatch.api.app import create_app
+from tritonwatch.collector.jobs import Collector, SelfMetrics
+from tritonwatch.schemas.config import Config
+from tritonwatch.store import Store, open_store
 
 log = logging.getLogger(__name__)
 

@@ -5,8 +5,8 @@ returned ``{fingerprint: sent_at}`` as ``last_sent_at``.  See dispatch.py for th
 rules and retries, base.py for the Notifier protocol and the exception tree.
 """
 
-from alerts.notify.alertmanager import AlertmanagerNotifier
-from alerts.notify.base import (
+from tritonwatch.alerts.notify.alertmanager import AlertmanagerNotifier
+from tritonwatch.alerts.notify.base import (
     Notifier,
     NotifyError,
     NotifyStatusError,
@@ -14,8 +14,8 @@ from alerts.notify.base import (
     OutgoingAlert,
     redact_url,
 )
-from alerts.notify.dispatch import Dispatcher, build_dispatcher
-from alerts.notify.webhook import WebhookNotifier
+from tritonwatch.alerts.notify.dispatch import Dispatcher, build_dispatcher
+from tritonwatch.alerts.notify.webhook import WebhookNotifier
 
 __all__ = [
     "AlertmanagerNotifier",

@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from alerts.notify.base import HttpNotifier, OutgoingAlert, post_json, rfc3339
+from tritonwatch.alerts.notify.base import HttpNotifier, OutgoingAlert, post_json, rfc3339
 
 API_PATH = "/api/v2/alerts"
 

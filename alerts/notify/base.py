@@ -36,8 +36,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from schemas.alerts import EventStatus
-from schemas.samples import Labels
+from tritonwatch.schemas.alerts import EventStatus
+from tritonwatch.schemas.samples import Labels
 
 REDACTED = "<redacted>"
 _BODY_LIMIT = 512  # characters of a failed response body quoted in errors

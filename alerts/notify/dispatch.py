@@ -43,11 +43,11 @@ from concurrent.futures import ThreadPoolExecutor
 from enum import Enum
 from urllib.parse import quote
 
-from alerts.notify.alertmanager import AlertmanagerNotifier
-from alerts.notify.base import Notifier, NotifyError, OutgoingAlert
-from alerts.notify.webhook import WebhookNotifier
-from schemas.alerting import DEFAULT_MAX_BATCH_SIZE, AlertingConfig
-from schemas.alerts import AlertState
+from tritonwatch.alerts.notify.alertmanager import AlertmanagerNotifier
+from tritonwatch.alerts.notify.base import Notifier, NotifyError, OutgoingAlert
+from tritonwatch.alerts.notify.webhook import WebhookNotifier
+from tritonwatch.schemas.alerting import DEFAULT_MAX_BATCH_SIZE, AlertingConfig
+from tritonwatch.schemas.alerts import AlertState
 
 log = logging.getLogger("tritonwatch.alerts.notify")
 

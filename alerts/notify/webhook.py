@@ -20,8 +20,14 @@ from typing import Any
 
 import httpx
 
-from alerts.notify.base import HttpNotifier, NotifyError, OutgoingAlert, post_json, rfc3339
-from schemas.samples import Labels
+from tritonwatch.alerts.notify.base import (
+    HttpNotifier,
+    NotifyError,
+    OutgoingAlert,
+    post_json,
+    rfc3339,
+)
+from tritonwatch.schemas.samples import Labels
 
 ZERO_TIME = "0001-01-01T00:00:00Z"  # Go's zero time.Time: Alertmanager's endsAt while firing
 

@@ -8,8 +8,8 @@
 - :mod:`collector.probes.sink`: results to the store, SLI series, SLO events, histograms.
 """
 
-from collector.probes.base import ProbeFailure, Recorder
-from collector.probes.runner import ProbeRunner, make_session, resolve_url
-from collector.probes.stats import summarize
+from tritonwatch.collector.probes.base import ProbeFailure, Recorder
+from tritonwatch.collector.probes.runner import ProbeRunner, make_session, resolve_url
+from tritonwatch.collector.probes.stats import summarize
 
 __all__ = ["ProbeFailure", "ProbeRunner", "Recorder", "make_session", "resolve_url", "summarize"]

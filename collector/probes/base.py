@@ -14,7 +14,7 @@ from collections.abc import Callable
 from itertools import pairwise
 from typing import Protocol
 
-from schemas.probes import ErrorKind, ProbeConfig, ProbeResult
+from tritonwatch.schemas.probes import ErrorKind, ProbeConfig, ProbeResult
 
 
 class ProbeFailure(Exception):

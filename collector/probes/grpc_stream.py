@@ -17,9 +17,9 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from collector.grpc_options import channel_args
-from collector.probes.base import ProbeFailure, Recorder
-from schemas.probes import InferInput, ProbeConfig
+from tritonwatch.collector.grpc_options import channel_args
+from tritonwatch.collector.probes.base import ProbeFailure, Recorder
+from tritonwatch.schemas.probes import InferInput, ProbeConfig
 
 _NP_TYPES = {
     "BOOL": np.bool_, "INT8": np.int8, "INT16": np.int16, "INT32": np.int32, "INT64": np.int64,

@@ -15,8 +15,8 @@ from typing import Any
 
 import httpx
 
-from collector.probes.base import ProbeFailure, Recorder
-from schemas.probes import ErrorKind, ProbeConfig
+from tritonwatch.collector.probes.base import ProbeFailure, Recorder
+from tritonwatch.schemas.probes import ErrorKind, ProbeConfig
 
 
 class SSEParser:

@@ -13,11 +13,11 @@ import logging
 import threading
 from collections.abc import Callable
 
-from collector.probes.base import ProbeFailure, Recorder, Session
-from collector.probes.http_sse import HttpSession, OpenAISession
-from collector.probes.tokenizer import load_token_counter
-from schemas.config import Config
-from schemas.probes import ProbeConfig, ProbeResult
+from tritonwatch.collector.probes.base import ProbeFailure, Recorder, Session
+from tritonwatch.collector.probes.http_sse import HttpSession, OpenAISession
+from tritonwatch.collector.probes.tokenizer import load_token_counter
+from tritonwatch.schemas.config import Config
+from tritonwatch.schemas.probes import ProbeConfig, ProbeResult
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +27,7 @@ OnResult = Callable[[ProbeResult], None]
 def make_session(config: ProbeConfig, url: str) -> Session:
     if config.protocol == "grpc":
         # Imported on first use: tritonclient.grpc costs ~11 MB of RSS (see grpc_options).
-        from collector.probes.grpc_stream import GrpcSession
+        from tritonwatch.collector.probes.grpc_stream import GrpcSession
 
         return GrpcSession(config, url)
     if config.protocol == "http":

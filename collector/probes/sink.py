@@ -19,8 +19,8 @@ from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from schemas.probes import ProbeConfig, ProbeResult
-from schemas.samples import Sample, make_labels
+from tritonwatch.schemas.probes import ProbeConfig, ProbeResult
+from tritonwatch.schemas.samples import Sample, make_labels
 
 #: Bucket bounds (s) fit for TTFT/e2e (ms to minutes) and ITL (sub-ms to seconds).
 LATENCY_BUCKETS = (

@@ -7,7 +7,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from schemas.probes import ProbeResult
+from tritonwatch.schemas.probes import ProbeResult
 
 STAT_KEYS = ("avg", "min", "max", "p50", "p90", "p95", "p99")
 

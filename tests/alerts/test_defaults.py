@@ -9,14 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import alerts.defaults
-from alerts.defaults import FailureRatioSpikeRule, KvCacheForecastRule, default_rules
-from alerts.model import Rule
+import tritonwatch.alerts.defaults
 from bench.detection import HISTORY_S, SPAN_S, T0, Scenario, samples
-from schemas.regressions import DEFAULT_RULE_NAMES, DefaultsSpec
-from schemas.samples import Sample, TargetHealth, make_labels
-from store import Store
 from tests.alerts.test_history import CountingStore
+from tritonwatch.alerts.defaults import FailureRatioSpikeRule, KvCacheForecastRule, default_rules
+from tritonwatch.alerts.model import Rule
+from tritonwatch.schemas.regressions import DEFAULT_RULE_NAMES, DefaultsSpec
+from tritonwatch.schemas.samples import Sample, TargetHealth, make_labels
+from tritonwatch.store import Store
 
 START = T0 + HISTORY_S  # evaluated span begins
 ONSET = START + 20 * 60
@@ -41,7 +41,7 @@ def test_all_defaults_documented() -> None:
     assert [r.name for r in rules] == list(DEFAULT_RULE_NAMES)
     readme = (Path(__file__).parents[2] / "README.md").read_text()
     section = readme.split("## Built-in alerts", 1)[1].split("\n## ", 1)[0]
-    doc = alerts.defaults.__doc__ or ""
+    doc = tritonwatch.alerts.defaults.__doc__ or ""
     for r in rules:
         assert r.for_s >= 0 and r.keep_firing_for_s >= 0
         assert f"``{r.name}``" in doc
@@ -132,7 +132,7 @@ def test_fill_rate_that_follows_a_traffic_drop_is_not_a_regression(store: Store,
     assert spec.load_tolerance < spec.min_effect
     assert rule("batch_fill_rate_regression").evaluate(store, now) == []
     # The same data without the guard would fire: the guard is what keeps it quiet.
-    from alerts.detect import detect
+    from tritonwatch.alerts.detect import detect
 
     assert detect(store, spec.model_copy(update={"load_series": None}), now)
 
@@ -254,8 +254,8 @@ def test_failure_baseline_skips_non_finite_samples_like_the_raw_read(store: Stor
     store.write("t1", now - 1000, [Sample("sli:failure_rate", FAIL, float("nan"))])
     store.write("t1", now - 2000, [Sample("sli:failure_rate", FAIL, float("inf"))])
     store.flush()
-    got = alerts.defaults._sums_counts(store, "sli:failure_rate", now - 3600, now - 300.001,
-                                       ("model", "reason"))
+    got = tritonwatch.alerts.defaults._sums_counts(
+        store, "sli:failure_rate", now - 3600, now - 300.001, ("model", "reason"))
     (sc,) = got.values()
     assert sc[0] / sc[1] == pytest.approx(
         _raw_mean(store, "sli:failure_rate", now - 3600, now - 300.001), rel=1e-12)
@@ -315,9 +315,9 @@ def test_forecast_keeps_old_buckets_and_agrees_with_a_fresh_read(store: Store) -
 def test_builtin_and_file_regressions_read_the_load_once(store: Store) -> None:
     # Every regression rule of a rules file (its own and the five built-in ones) weighs load
     # by request rate over the same windows: one history of it, read once per slice, for all.
-    from alerts.detect import RegressionRule
-    from alerts.rules import rules_from_file
-    from schemas.rules import validate_rules
+    from tritonwatch.alerts.detect import RegressionRule
+    from tritonwatch.alerts.rules import rules_from_file
+    from tritonwatch.schemas.rules import validate_rules
 
     load(store, Scenario("steady", 0.0, 0, ONSET))
     rules = rules_from_file(validate_rules({"regressions": [

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from alerts.detect import (
+from tests.alerts.test_history import CountingStore
+from tritonwatch.alerts.detect import (
     WEEK_S,
     RegressionRule,
     _row_stats,
@@ -21,10 +22,9 @@ from alerts.detect import (
     regression_rules,
     robust_z,
 )
-from schemas.regressions import RegressionSpec
-from schemas.samples import Sample, make_labels
-from store import Store
-from tests.alerts.test_history import CountingStore
+from tritonwatch.schemas.regressions import RegressionSpec
+from tritonwatch.schemas.samples import Sample, make_labels
+from tritonwatch.store import Store
 
 T0 = 1_750_003_200.0
 M = make_labels({"model": "llm", "version": "1"})

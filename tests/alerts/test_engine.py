@@ -7,12 +7,12 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from alerts.engine import Engine
-from alerts.notify import Dispatcher, OutgoingAlert
-from schemas.alerts import AlertCandidate, AlertEvent, AlertState, fingerprint
-from schemas.samples import make_labels
-from store import Store, StoreError, open_store
-from store.alerts import AlertStore, StoredAlert
+from tritonwatch.alerts.engine import Engine
+from tritonwatch.alerts.notify import Dispatcher, OutgoingAlert
+from tritonwatch.schemas.alerts import AlertCandidate, AlertEvent, AlertState, fingerprint
+from tritonwatch.schemas.samples import make_labels
+from tritonwatch.store import Store, StoreError, open_store
+from tritonwatch.store.alerts import AlertStore, StoredAlert
 
 T0 = 1_800_000_000.0
 EVAL = 15.0
@@ -312,7 +312,7 @@ class FakeNotifier:
         self.down = False
 
     def notify(self, alerts) -> None:
-        from alerts.notify import NotifyTransportError
+        from tritonwatch.alerts.notify import NotifyTransportError
 
         if self.down:
             raise NotifyTransportError("down", target="fake")
@@ -355,8 +355,8 @@ def test_delivery_over_a_restart_with_the_dispatcher(make_store):
 def test_alert_job_from_config_restores_and_installs_like_the_collector_jobs(sqlite_store):
     from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
-    from alerts.jobs import JOB_ID, AlertJob
-    from schemas.config import validate_config
+    from tritonwatch.alerts.jobs import JOB_ID, AlertJob
+    from tritonwatch.schemas.config import validate_config
 
     config = validate_config({"alerting": {"eval_interval": "20s",
                                            "alertmanagers": ["http://127.0.0.1:9"]}})
@@ -378,8 +378,8 @@ def test_alert_job_from_config_restores_and_installs_like_the_collector_jobs(sql
 
 
 def test_alert_job_defaults_to_the_built_in_rules_without_delivery(sqlite_store):
-    from alerts.jobs import AlertJob
-    from schemas.config import validate_config
+    from tritonwatch.alerts.jobs import AlertJob
+    from tritonwatch.schemas.config import validate_config
 
     job = AlertJob.from_config(validate_config({}), sqlite_store)
     assert job.dispatcher is None and job.engine.rules

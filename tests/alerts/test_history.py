@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from alerts.history import BucketHistory, group_grid, quantum_for
-from schemas.samples import Sample, make_labels
-from store import SeriesColumns, SeriesData, Store
+from tritonwatch.alerts.history import BucketHistory, group_grid, quantum_for
+from tritonwatch.schemas.samples import Sample, make_labels
+from tritonwatch.store import SeriesColumns, SeriesData, Store
 
 T0 = 1_750_003_200.0  # on the 5-minute grid
 A = make_labels({"model": "a", "version": "1"})

@@ -8,10 +8,15 @@ from typing import Any
 import pytest
 import yaml
 
-from alerts.importers import import_openslo, import_slo_file, import_sloth, to_yaml
-from schemas.config import ConfigError
-from schemas.rules import AvailabilitySli, ProbeLatencySli, ProbeSuccessSli, validate_rules
+from tritonwatch.alerts.importers import import_openslo, import_slo_file, import_sloth, to_yaml
 from tritonwatch.cli import main
+from tritonwatch.schemas.config import ConfigError
+from tritonwatch.schemas.rules import (
+    AvailabilitySli,
+    ProbeLatencySli,
+    ProbeSuccessSli,
+    validate_rules,
+)
 
 SLOTH = """
 version: "prometheus/v1"

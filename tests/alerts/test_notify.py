@@ -13,7 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
-from alerts.notify import (
+from tests.fixtures_alertmanager import AlertmanagerServer
+from tritonwatch.alerts.notify import (
     AlertmanagerNotifier,
     Dispatcher,
     NotifyError,
@@ -24,13 +25,12 @@ from alerts.notify import (
     build_dispatcher,
     redact_url,
 )
-from alerts.notify.base import rfc3339
-from alerts.notify.webhook import ZERO_TIME, webhook_messages
-from api.receiver import WebhookMessageIn
-from schemas.alerting import AlertingConfig
-from schemas.alerts import AlertState, fingerprint
-from schemas.samples import make_labels
-from tests.fixtures_alertmanager import AlertmanagerServer
+from tritonwatch.alerts.notify.base import rfc3339
+from tritonwatch.alerts.notify.webhook import ZERO_TIME, webhook_messages
+from tritonwatch.api.receiver import WebhookMessageIn
+from tritonwatch.schemas.alerting import AlertingConfig
+from tritonwatch.schemas.alerts import AlertState, fingerprint
+from tritonwatch.schemas.samples import make_labels
 
 SECRET = "s3cr3t-T0KEN-zz9"  # appears in URL path, userinfo and headers below
 

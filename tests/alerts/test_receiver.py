@@ -13,14 +13,14 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from api.app import create_app
-from api.receiver import WEBHOOK_PATH, receiver_router
-from schemas.alerting import AlertingConfig, ReceiverConfig
-from schemas.alerts import AlertEvent, fingerprint
-from schemas.samples import make_labels
-from store import open_store
-from store.alerts import AlertStore
-from store.errors import StoreError
+from tritonwatch.api.app import create_app
+from tritonwatch.api.receiver import WEBHOOK_PATH, receiver_router
+from tritonwatch.schemas.alerting import AlertingConfig, ReceiverConfig
+from tritonwatch.schemas.alerts import AlertEvent, fingerprint
+from tritonwatch.schemas.samples import make_labels
+from tritonwatch.store import open_store
+from tritonwatch.store.alerts import AlertStore
+from tritonwatch.store.errors import StoreError
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "alertmanager"
 TOKEN = "receiver-token-abcdef-0123456789"

@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from schemas.alerts import AlertCandidate
-from schemas.samples import Sample, make_labels
-from store import Store, open_store
-from store.alerts import AlertStore
 from tritonwatch import cli
 from tritonwatch.replay import ReplayError, backtest, load_recording, replay
+from tritonwatch.schemas.alerts import AlertCandidate
+from tritonwatch.schemas.samples import Sample, make_labels
+from tritonwatch.store import Store, open_store
+from tritonwatch.store.alerts import AlertStore
 
 RIG = Path(__file__).parent.parent / "fixtures" / "rig"
 T0 = 1_800_000_000
@@ -227,8 +227,8 @@ def test_record_three_scrapes_from_the_rig_and_replay_them(triton_rig, tmp_path,
 def test_record_names_files_so_replay_sees_the_real_gaps(tmp_path, monkeypatch, every, ms):
     import asyncio
 
-    from collector.scrape import Body
     from tritonwatch import record as rec_mod
+    from tritonwatch.collector.scrape import Body
 
     now = [T0 + 0.25]
 

@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from alerts.rules import SloBurnRule, ThresholdRule, format_duration, load_rules, render
-from schemas.config import ConfigError
-from schemas.rules import (
+from tritonwatch.alerts.rules import SloBurnRule, ThresholdRule, format_duration, load_rules, render
+from tritonwatch.cli import main
+from tritonwatch.schemas.config import ConfigError
+from tritonwatch.schemas.rules import (
     AvailabilitySli,
     ProbeLatencySli,
     QueueTimeSli,
@@ -20,9 +21,8 @@ from schemas.rules import (
     rules_json_schema,
     validate_rules,
 )
-from schemas.samples import Sample, make_labels
-from store import Store
-from tritonwatch.cli import main
+from tritonwatch.schemas.samples import Sample, make_labels
+from tritonwatch.store import Store
 
 EXAMPLE = """
 version: 1

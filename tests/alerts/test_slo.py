@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from alerts.rules import SloBurnRule
-from alerts.slo import (
+from tritonwatch.alerts.rules import SloBurnRule
+from tritonwatch.alerts.slo import (
     PERIOD_S,
     Events,
     Slo,
@@ -19,11 +19,11 @@ from alerts.slo import (
     slo_status,
     slo_statuses,
 )
-from schemas.config import ConfigError
-from schemas.probes import ProbeResult
-from schemas.rules import SloSpec
-from schemas.samples import Sample, make_labels
-from store import Store
+from tritonwatch.schemas.config import ConfigError
+from tritonwatch.schemas.probes import ProbeResult
+from tritonwatch.schemas.rules import SloSpec
+from tritonwatch.schemas.samples import Sample, make_labels
+from tritonwatch.store import Store
 
 NOW = 1_800_000_000.0  # a multiple of 300 s: buckets line up with the runs below
 H = 3600.0

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from collector.parse import parse
-from schemas.samples import label_value
+from tritonwatch.collector.parse import parse
+from tritonwatch.schemas.samples import label_value
 
 RIG = Path(__file__).parent.parent / "fixtures" / "rig"
 EXE = Path(sys.executable).with_name("tritonwatch")

@@ -10,8 +10,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from store import open_store
 from tests.fixtures_http import free_port
+from tritonwatch.store import open_store
 
 EXE = Path(sys.executable).with_name("tritonwatch")
 
@@ -100,10 +100,10 @@ def test_serve_shuts_down_cleanly_when_the_final_flush_fails(tmp_path, monkeypat
     # signal handlers serve() installed must be gone afterwards.
     import asyncio
 
-    from schemas.config import validate_config
-    from schemas.samples import Sample
-    from store import StoreError
     from tritonwatch import serve as serve_mod
+    from tritonwatch.schemas.config import validate_config
+    from tritonwatch.schemas.samples import Sample
+    from tritonwatch.store import StoreError
 
     monkeypatch.setattr(serve_mod, "FINAL_FLUSH_DELAY_S", 0.0, raising=False)
     config = validate_config({

@@ -18,10 +18,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collector.derive import INPUT_FAMILIES, SLI_CATALOG, Deriver
-from collector.metric_map import METRIC_MAP
-from schemas.samples import Labels, MetricFamily, Sample, Snapshot, make_labels
-from schemas.triton import ModelConfigInfo
+from tritonwatch.collector.derive import INPUT_FAMILIES, SLI_CATALOG, Deriver
+from tritonwatch.collector.metric_map import METRIC_MAP
+from tritonwatch.schemas.samples import Labels, MetricFamily, Sample, Snapshot, make_labels
+from tritonwatch.schemas.triton import ModelConfigInfo
 
 M1 = {"model": "resnet", "version": "1"}
 CONFIGS = {
@@ -495,7 +495,7 @@ def test_inconsistent_kv_labels_skip_kv_slis_but_not_request_slis(
     kv: Mapping[str, float], caplog: pytest.LogCaptureFixture
 ) -> None:
     d = Deriver("t1")
-    with caplog.at_level(logging.WARNING, logger="collector.derive"):
+    with caplog.at_level(logging.WARNING, logger="tritonwatch.collector.derive"):
         out = d.derive(snap(0.0, _trtllm(kv, REQ_OK)), CONFIGS)
         d.derive(snap(10.0, _trtllm(kv, REQ_OK)), CONFIGS)
     assert not {
@@ -861,8 +861,8 @@ def test_summed_increases_equal_prometheus_reset_aware_increase(
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_families_outside_derived_from_do_not_change_the_result(seed):
     from bench.payloads import triton_payload
-    from collector.derive import _ROLES, DERIVED_FROM
-    from collector.parse import parse, parse_reference
+    from tritonwatch.collector.derive import _ROLES, DERIVED_FROM
+    from tritonwatch.collector.parse import parse, parse_reference
 
     full, trimmed = Deriver("t"), Deriver("t")
     configs = {f"model_{i}": ModelConfigInfo(name=f"model_{i}", max_batch_size=8)

@@ -29,14 +29,14 @@ from hypothesis import strategies as st
 
 from bench.common import Template
 from bench.payloads import triton_payload
-from collector.derive import DERIVED_FROM, Deriver
-from collector.parse import parse
-from collector.shape import Shape, parse_columns
-from schemas.samples import MetricFamily, Sample, Snapshot, make_labels
-from schemas.triton import ModelConfigInfo
 from tests.collector import test_derive
 from tests.collector.test_derive import CONFIGS, KW0, KW1, STATS0, STATS1, _stats, core
 from tests.collector.test_parse import ALL_PROM, read
+from tritonwatch.collector.derive import DERIVED_FROM, Deriver
+from tritonwatch.collector.parse import parse
+from tritonwatch.collector.shape import Shape, parse_columns
+from tritonwatch.schemas.samples import MetricFamily, Sample, Snapshot, make_labels
+from tritonwatch.schemas.triton import ModelConfigInfo
 
 Values = npt.NDArray[np.float64]
 Row = tuple[str, object, str]

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from collector.derive import Deriver
-from collector.gpu import GPU_SLI_CATALOG, GpuSliDeriver, gpu_slis
-from collector.parse import parse
-from schemas.samples import Sample, Snapshot, label_value, make_labels
+from tritonwatch.collector.derive import Deriver
+from tritonwatch.collector.gpu import GPU_SLI_CATALOG, GpuSliDeriver, gpu_slis
+from tritonwatch.collector.parse import parse
+from tritonwatch.schemas.samples import Sample, Snapshot, label_value, make_labels
 
 A = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
 B = "GPU-bbbbbbbb-0000-0000-0000-000000000000"

@@ -25,8 +25,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bench.payloads import triton_payload
-from collector.derive import DERIVED_FROM, Deriver
-from collector.gpu import (
+from tests.collector.test_parse import ALL_PROM, FIXTURES, PAYLOAD_SHAPES, read
+from tritonwatch.collector.derive import DERIVED_FROM, Deriver
+from tritonwatch.collector.gpu import (
     _DCGM_FIELDS,
     _MODEL_FAMILY_PREFIX,
     EMPTY_PLAN,
@@ -39,11 +40,10 @@ from collector.gpu import (
     _triton_view,
     _TritonTarget,
 )
-from collector.jobs import Collector
-from collector.shape import Shape, parse_columns
-from schemas.config import validate_config
-from schemas.samples import Sample, TargetHealth, label_value, make_labels
-from tests.collector.test_parse import ALL_PROM, FIXTURES, PAYLOAD_SHAPES, read
+from tritonwatch.collector.jobs import Collector
+from tritonwatch.collector.shape import Shape, parse_columns
+from tritonwatch.schemas.config import validate_config
+from tritonwatch.schemas.samples import Sample, TargetHealth, label_value, make_labels
 
 A = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
 

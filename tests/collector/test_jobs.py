@@ -11,13 +11,13 @@ import pytest
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from bench.payloads import triton_payload
-from collector.jobs import API_MAX_CONCURRENCY, Collector, SelfMetrics, stagger_offset
-from collector.parse import parse, parse_fast
-from collector.triton import ApiReading, parse_model_config, stats_families
-from schemas.config import validate_config
-from schemas.samples import Sample, Snapshot, TargetHealth
-from store import StoreError
 from tests.fixtures_http import FakeTargets, serve_fake_targets
+from tritonwatch.collector.jobs import API_MAX_CONCURRENCY, Collector, SelfMetrics, stagger_offset
+from tritonwatch.collector.parse import parse, parse_fast
+from tritonwatch.collector.triton import ApiReading, parse_model_config, stats_families
+from tritonwatch.schemas.config import validate_config
+from tritonwatch.schemas.samples import Sample, Snapshot, TargetHealth
+from tritonwatch.store import StoreError
 
 
 def run_scheduled(config, store, metrics, *, seconds):
@@ -116,7 +116,7 @@ def test_stagger_is_stable_and_within_interval():
 
 
 def test_a_failing_job_is_counted_and_never_stops_the_others(fake_targets, store, monkeypatch):
-    from store import StoreError
+    from tritonwatch.store import StoreError
 
     def broken_flush():
         raise StoreError("database is down (test)", url="sqlite:///x")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from collector.metric_map import METRIC_MAP, lookup, unmapped
+from tritonwatch.collector.metric_map import METRIC_MAP, lookup, unmapped
 
 _REPO = Path(__file__).resolve().parents[2]
 _REFERENCE_CANDIDATES = (

@@ -21,14 +21,14 @@ import pydantic
 import pynvml
 import pytest
 
-from collector import nvml as nvml_mod
-from collector.nvml import (
+from tritonwatch.collector import nvml as nvml_mod
+from tritonwatch.collector.nvml import (
     CLOCK_EVENT_REASONS,
     NvmlCollector,
     decode_clock_reasons,
 )
-from schemas.nvml import NvmlConfig
-from schemas.samples import Sample, label_value
+from tritonwatch.schemas.nvml import NvmlConfig
+from tritonwatch.schemas.samples import Sample, label_value
 
 
 def nvml_error(code: int) -> pynvml.NVMLError:
@@ -359,7 +359,7 @@ def test_not_supported_readings_are_skipped_silently_and_not_retried(
     fake = FakePynvml([h100(UUID0, ecc=ns(), energy=ns(), pcie=ns(), reasons=ns(),
                             power_limit=ns(), processes=ns(), name=ns())])
     c = collector(fake)
-    with caplog.at_level(logging.DEBUG, logger="collector.nvml"):
+    with caplog.at_level(logging.DEBUG, logger="tritonwatch.collector.nvml"):
         for _ in range(3):
             samples, health = c.collect()
             assert health.up and health.error is None
@@ -393,7 +393,7 @@ def test_other_errors_skip_the_reading_are_logged_once_and_retried(
 ) -> None:
     fake = FakePynvml([h100(UUID0, processes=nvml_error(pynvml.NVML_ERROR_NO_PERMISSION))])
     c = collector(fake)
-    with caplog.at_level(logging.WARNING, logger="collector.nvml"):
+    with caplog.at_level(logging.WARNING, logger="tritonwatch.collector.nvml"):
         for _ in range(4):
             samples, health = c.collect()
     assert health.up and not by_name(samples, "nvml_gpu_compute_processes")
@@ -455,7 +455,7 @@ def test_no_nvml_library_is_one_stable_health_entry_logged_once_with_backoff(
     c = collector(fake, clock, retry_min_s=30, retry_max_s=300)
     attempts: list[float] = []
     errors = set()
-    with caplog.at_level(logging.DEBUG, logger="collector.nvml"):
+    with caplog.at_level(logging.DEBUG, logger="tritonwatch.collector.nvml"):
         while clock.t <= 3600:  # an hour of 15 s reads
             before = fake.calls["nvmlInit"]
             samples, health = c.collect()
@@ -490,7 +490,7 @@ def test_nvml_that_appears_later_is_picked_up_and_the_backoff_resets(
     clock.t = 30
     c.collect()
     clock.t = 90
-    with caplog.at_level(logging.WARNING, logger="collector.nvml"):
+    with caplog.at_level(logging.WARNING, logger="tritonwatch.collector.nvml"):
         samples, health = c.collect()
     assert health.up and samples and c.available
     assert any("available again" in r.getMessage() for r in caplog.records)
@@ -598,7 +598,7 @@ def test_xid_events_are_drained_without_waiting_and_counted(
         SimpleNamespace(device=Handle(1), eventType=xid, eventData=48),
         SimpleNamespace(device=Handle(0), eventType=0x1, eventData=0),  # not an XID
     ])
-    with caplog.at_level(logging.WARNING, logger="collector.nvml"):
+    with caplog.at_level(logging.WARNING, logger="tritonwatch.collector.nvml"):
         samples, _ = c.collect()
         samples2, _ = c.collect()
     assert value(samples, "nvml_gpu_xid_errors", gpu_uuid=UUID1) == 3

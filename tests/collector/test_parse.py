@@ -17,8 +17,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Summ
 from prometheus_client.exposition import generate_latest
 
 from bench.payloads import series_count, triton_payload
-from collector import parse as parse_module
-from collector.parse import (
+from tritonwatch.collector import parse as parse_module
+from tritonwatch.collector.parse import (
     MAX_LABELS,
     MAX_LINE_CHARS,
     ParseError,
@@ -27,7 +27,7 @@ from collector.parse import (
     parse_reference,
     restore_exposed_names,
 )
-from schemas.samples import MetricFamily, Sample
+from tritonwatch.schemas.samples import MetricFamily, Sample
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 ALL_PROM = sorted(FIXTURES.glob("**/*.prom"))

@@ -5,7 +5,8 @@ import time
 
 import pytest
 
-from collector.scrape import (
+from tests.fixtures_http import OK_BODY
+from tritonwatch.collector.scrape import (
     BodyTooLarge,
     ScrapeError,
     ScrapeTimeout,
@@ -13,7 +14,6 @@ from collector.scrape import (
     make_client,
     redact_url,
 )
-from tests.fixtures_http import OK_BODY
 
 
 def fetch(url, *, timeout=2.0, max_bytes=1 << 20, headers=None):

@@ -16,8 +16,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bench.payloads import triton_payload
-from collector.parse import ParseError, parse
-from collector.shape import Shape, parse_columns
 from tests.collector.test_parse import (
     ALL_PROM,
     FAST_FIXTURES,
@@ -27,6 +25,8 @@ from tests.collector.test_parse import (
     regular_exposition,
     wild_exposition,
 )
+from tritonwatch.collector.parse import ParseError, parse
+from tritonwatch.collector.shape import Shape, parse_columns
 
 # The value at the end of each sample line (not comments).
 _SAMPLE_VALUE = re.compile(r"(?m)^([^#\n][^\n]*) ([^ \n]+)$")

@@ -3,10 +3,10 @@ while the series do not change (the buffer keeps one copy per target, not one pe
 
 from __future__ import annotations
 
-from collector.jobs import TargetState
-from collector.shape import parse_columns
-from schemas.config import TargetConfig
-from schemas.samples import make_labels
+from tritonwatch.collector.jobs import TargetState
+from tritonwatch.collector.shape import parse_columns
+from tritonwatch.schemas.config import TargetConfig
+from tritonwatch.schemas.samples import make_labels
 
 PAYLOAD = """# HELP nv_inference_count Number of inferences
 # TYPE nv_inference_count counter

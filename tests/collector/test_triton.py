@@ -5,9 +5,14 @@ from pathlib import Path
 
 import pytest
 
-from collector.triton import TritonApi, TritonApiError, parse_model_config, stats_families
-from schemas.samples import label_value
+from tritonwatch.collector.triton import (
+    TritonApi,
+    TritonApiError,
+    parse_model_config,
+    stats_families,
+)
 from tritonwatch.rig import TritonRig
+from tritonwatch.schemas.samples import label_value
 
 RIG = Path(__file__).parent.parent / "fixtures" / "rig"
 

@@ -41,12 +41,12 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 
-from schemas.alerts import AlertEvent, AlertState
-from store import open_store
-from store.alerts import AlertStore
 from tests.fixtures_alertmanager import AlertmanagerServer, forwarding_alertmanager, free_port
 from tritonwatch.loadgen import LoadGenerator
 from tritonwatch.rig import CONTROL_DEFAULTS, TritonRig
+from tritonwatch.schemas.alerts import AlertEvent, AlertState
+from tritonwatch.store import open_store
+from tritonwatch.store.alerts import AlertStore
 
 pytestmark = pytest.mark.triton
 

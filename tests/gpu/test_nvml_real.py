@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from collector.nvml import NvmlCollector
-from schemas.samples import Sample, label_value
+from tritonwatch.collector.nvml import NvmlCollector
+from tritonwatch.schemas.samples import Sample, label_value
 
 pytestmark = pytest.mark.gpu
 

@@ -13,10 +13,10 @@ import time
 
 import pytest
 
-from collector.jobs import Collector
-from collector.triton import TritonApi
-from schemas.config import validate_config
-from schemas.samples import label_value
+from tritonwatch.collector.jobs import Collector
+from tritonwatch.collector.triton import TritonApi
+from tritonwatch.schemas.config import validate_config
+from tritonwatch.schemas.samples import label_value
 
 pytestmark = pytest.mark.triton
 

@@ -15,14 +15,14 @@ from typing import Any
 import pytest
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
-from collector.jobs import Collector
-from collector.probes.runner import ProbeRunner
-from schemas.config import validate_config
-from schemas.probes import ProbeConfig, ProbeResult
-from store import open_store
 from tests.fixtures_openai import FakeOpenAIServer
 from tritonwatch.cli import main
+from tritonwatch.collector.jobs import Collector
+from tritonwatch.collector.probes.runner import ProbeRunner
 from tritonwatch.rig import TritonRig
+from tritonwatch.schemas.config import validate_config
+from tritonwatch.schemas.probes import ProbeConfig, ProbeResult
+from tritonwatch.store import open_store
 
 pytestmark = pytest.mark.triton
 log = logging.getLogger(__name__)

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from collector.probes import Recorder
-from collector.probes.tokenizer import load_token_counter
-from schemas.probes import ProbeConfig
 from tests.probes.test_probes_rig import _probe, _run
+from tritonwatch.collector.probes import Recorder
+from tritonwatch.collector.probes.tokenizer import load_token_counter
 from tritonwatch.rig import TritonRig
+from tritonwatch.schemas.probes import ProbeConfig
 
 
 @pytest.fixture

@@ -8,13 +8,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from collector.probes.base import ProbeFailure, Recorder
-from collector.probes.http_sse import SSEParser
-from collector.probes.sink import ProbeMetrics, run_samples
-from collector.probes.stats import describe, percentile, summarize
-from schemas.config import ConfigError, validate_config
-from schemas.probes import ProbeConfig, ProbeResult
-from store import open_store
+from tritonwatch.collector.probes.base import ProbeFailure, Recorder
+from tritonwatch.collector.probes.http_sse import SSEParser
+from tritonwatch.collector.probes.sink import ProbeMetrics, run_samples
+from tritonwatch.collector.probes.stats import describe, percentile, summarize
+from tritonwatch.schemas.config import ConfigError, validate_config
+from tritonwatch.schemas.probes import ProbeConfig, ProbeResult
+from tritonwatch.store import open_store
 
 CFG = ProbeConfig(name="p", url="127.0.0.1:1", model="m", ttft_slo=0.05, itl_slo=0.01)
 

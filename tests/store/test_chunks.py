@@ -32,13 +32,18 @@ from sqlalchemy import (
     select,
 )
 
-from schemas import tables as t
-from schemas.samples import Sample, make_labels
-from store import Agg, Store, StoreError, maintenance, migrate, open_store, samplelog
-from store import chunks as ck
-from store.engine import transaction
-from store.maintenance import _PG_LOCK_ROLLUP, COMPACT_REWIND, COMPACT_WATERMARK, get_meta
 from tests.store.test_contract import REFERENCE_AGGREGATIONS
+from tritonwatch.schemas import tables as t
+from tritonwatch.schemas.samples import Sample, make_labels
+from tritonwatch.store import Agg, Store, StoreError, maintenance, migrate, open_store, samplelog
+from tritonwatch.store import chunks as ck
+from tritonwatch.store.engine import transaction
+from tritonwatch.store.maintenance import (
+    _PG_LOCK_ROLLUP,
+    COMPACT_REWIND,
+    COMPACT_WATERMARK,
+    get_meta,
+)
 
 # An hour boundary three days ago (series record wall-clock resolve times; see test_contract).
 T = (int(time.time()) // 3600 - 72) * 3600
@@ -589,7 +594,7 @@ def test_compaction_waits_for_a_flush_that_holds_a_write_number(postgres_db_url:
 
 def _copy_rows(stream: bytes) -> list[bytes]:
     """The rows of a binary COPY stream (header and trailer checked), each as its bytes."""
-    from store.write import PG_COPY_HEADER, PG_COPY_TRAILER
+    from tritonwatch.store.write import PG_COPY_HEADER, PG_COPY_TRAILER
 
     assert stream.startswith(PG_COPY_HEADER) and stream.endswith(PG_COPY_TRAILER)
     body, rows, at = stream[len(PG_COPY_HEADER) : -len(PG_COPY_TRAILER)], [], 0
@@ -616,7 +621,7 @@ def test_copy_stream_holds_the_rows_of_the_row_by_row_stream(
 ) -> None:
     """The column-wise COPY stream against the row-by-row one: the same rows (grouped by
     sample count, so possibly in another order)."""
-    from store.write import copy_stream, copy_stream_rows
+    from tritonwatch.store.write import copy_stream, copy_stream_rows
 
     ids, ts = [], []
     for sid, stamps in sorted(series):
@@ -640,7 +645,7 @@ def test_copy_stream_holds_the_rows_of_the_row_by_row_stream(
 def test_a_flush_larger_than_one_insert_slice_stores_every_chunk(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import store.write as write_module
+    import tritonwatch.store.write as write_module
 
     # 10 series: four slices on either backend
     monkeypatch.setattr(write_module, "_SQLITE_ROWS", 3)

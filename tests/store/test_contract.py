@@ -14,8 +14,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from schemas.samples import Labels, Sample, TargetHealth, make_labels
-from store import Agg, QueryError, SeriesKey, Store, StoreError
+from tritonwatch.schemas.samples import Labels, Sample, TargetHealth, make_labels
+from tritonwatch.store import Agg, QueryError, SeriesKey, Store, StoreError
 
 # Real-looking times: series record when they were last resolved in wall-clock time, and
 # retention compares that with `now`.  T0 is an hour boundary three days ago.

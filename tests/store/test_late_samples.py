@@ -10,11 +10,11 @@ from collections.abc import Callable
 import psycopg
 import pytest
 
-from schemas.samples import Sample
-from store import Store, open_store
-from store.engine import transaction
-from store.maintenance import _PG_LOCK_ROLLUP, WATERMARK_5M, watermarks
-from store.query import ROLLUP_1H_MS, ROLLUP_5M_MS
+from tritonwatch.schemas.samples import Sample
+from tritonwatch.store import Store, open_store
+from tritonwatch.store.engine import transaction
+from tritonwatch.store.maintenance import _PG_LOCK_ROLLUP, WATERMARK_5M, watermarks
+from tritonwatch.store.query import ROLLUP_1H_MS, ROLLUP_5M_MS
 
 # An hour boundary three days ago (series record wall-clock resolve times; see test_contract).
 T = (int(time.time()) // 3600 - 72) * 3600.0

@@ -7,10 +7,10 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import store.store as store_module
-from schemas.samples import Labels, make_labels
-from store import Store
-from store.write import Layout, sample_columns, target_groups
+import tritonwatch.store.store as store_module
+from tritonwatch.schemas.samples import Labels, make_labels
+from tritonwatch.store import Store
+from tritonwatch.store.write import Layout, sample_columns, target_groups
 
 
 def layout(target: str, ids: list[int]) -> Layout:

@@ -11,12 +11,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlalchemy import func, select, text
 
-from schemas import tables as t
-from schemas.samples import Sample, make_labels
-from store import Store, samplelog
-from store.chunks import encode, last_writes, sort_keep_last
-from store.engine import transaction
-from store.write import insert_chunks, next_seq
+from tritonwatch.schemas import tables as t
+from tritonwatch.schemas.samples import Sample, make_labels
+from tritonwatch.store import Store, samplelog
+from tritonwatch.store.chunks import encode, last_writes, sort_keep_last
+from tritonwatch.store.engine import transaction
+from tritonwatch.store.write import insert_chunks, next_seq
 
 T = 1_795_798_800  # an aligned hour
 
@@ -169,7 +169,7 @@ def test_series_of_a_target_with_log_rows_are_not_deleted_as_empty(store: Store)
     store.write("t", T, [Sample("x", (), 1.0)])
     store.flush()
     # Resolved "long ago" as far as this retention run is concerned; only the log holds data.
-    from store import maintenance
+    from tritonwatch.store import maintenance
 
     assert maintenance.delete_empty_series(store.sql_engine, resolved_before_ms=2**62) == 0
     assert [k.name for k in store.series()] == ["x"]
@@ -187,7 +187,7 @@ def test_rollups_include_samples_still_in_the_log(store: Store) -> None:
         store.write("t", T + k * 15, [Sample("x", (), 1.0)])
     store.flush()
     assert _table_counts(store)[0] == 1
-    from store import maintenance
+    from tritonwatch.store import maintenance
 
     maintenance.rollup(store.sql_engine, now_ms=(T + 3600) * 1000)  # reads the log as it is
     (five,) = store.buckets("x", start=T, end=T + 899, step=300, agg="count")
@@ -196,7 +196,7 @@ def test_rollups_include_samples_still_in_the_log(store: Store) -> None:
 
 @pytest.mark.postgres
 def test_postgres_stores_log_data_uncompressed(postgres_db_url: str) -> None:
-    from store import open_store
+    from tritonwatch.store import open_store
 
     s = open_store(postgres_db_url)
     try:
@@ -256,7 +256,7 @@ def test_moved_chunks_keep_their_own_series_write_order(store: Store) -> None:
 
 
 def test_the_first_rollup_starts_at_samples_still_in_the_log(store: Store) -> None:
-    from store import maintenance
+    from tritonwatch.store import maintenance
 
     for k in range(40):
         store.write("t", T + k * 15, [Sample("x", (), 1.0)])

@@ -9,8 +9,8 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from schemas.samples import Sample, make_labels
-from store import SeriesColumns, SeriesKey, Store
+from tritonwatch.schemas.samples import Sample, make_labels
+from tritonwatch.store import SeriesColumns, SeriesKey, Store
 
 T0 = (int(time.time()) // 3600 - 24) * 3600.0
 

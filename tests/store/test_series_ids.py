@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-import store.store as store_module
-from schemas.samples import Labels
-from store.write import resolve_series
+import tritonwatch.store.store as store_module
+from tritonwatch.schemas.samples import Labels
+from tritonwatch.store.write import resolve_series
 
 TARGETS = 5
 SERIES = 10

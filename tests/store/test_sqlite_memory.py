@@ -11,9 +11,9 @@ import ctypes.util
 
 from sqlalchemy import select
 
-from schemas import tables as t
-from store import open_store
-from store.engine import SQLITE_CACHED_STATEMENTS
+from tritonwatch.schemas import tables as t
+from tritonwatch.store import open_store
+from tritonwatch.store.engine import SQLITE_CACHED_STATEMENTS
 
 
 def _sqlite_memory_used() -> int:

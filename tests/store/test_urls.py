@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from store import StoreError, open_store
-from store.engine import parse_url
+from tritonwatch.store import StoreError, open_store
+from tritonwatch.store.engine import parse_url
 
 
 @pytest.mark.parametrize(
