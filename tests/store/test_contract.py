@@ -142,7 +142,7 @@ def test_duplicate_samples_keep_the_last_value_written(store: Store) -> None:
 
 
 def test_nan_is_skipped_and_infinities_are_kept(store: Store, caplog) -> None:
-    caplog.set_level(logging.DEBUG, logger="store")
+    caplog.set_level(logging.DEBUG, logger="tritonwatch.store")
     n = store.write(
         "t", T0, [Sample("g", (), math.nan), Sample("h", (), math.inf), Sample("i", (), 1.0)]
     )
