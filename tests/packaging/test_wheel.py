@@ -53,21 +53,17 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def fresh_env(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     venv = tmp_path_factory.mktemp("venv") / "env"
-    proc = _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], cwd=venv.parent)
+    proc = _run([sys.executable, "-m", "venv", str(venv)], cwd=venv.parent)
     assert proc.returncode == 0, proc.stderr
-    site = Path(_run([str(venv / "bin" / "python"), "-c",
-                      "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+    python = str(venv / "bin" / "python")
+    site = Path(_run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                      cwd=venv).stdout.strip())
-    # The test environment's pip installs into the fresh one (a venv made --without-pip).
-    proc = _run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "-q",
-                 "--prefix", str(venv), str(wheel)], cwd=venv.parent)
+    # The fresh environment's own pip: the test environment's pip with --prefix would first
+    # uninstall the checkout's editable install from the test environment itself.
+    proc = _run([python, "-m", "pip", "install", "--no-deps", "--no-index", "-q", str(wheel)],
+                cwd=venv.parent)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (site / "_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    # pip --prefix writes a console script whose shebang names this interpreter: point it at
-    # the fresh one, as an install by the fresh environment's own pip would.
-    script = venv / "bin" / "tritonwatch"
-    text = script.read_text().splitlines()
-    script.write_text("\n".join([f"#!{venv / 'bin' / 'python'}", *text[1:]]) + "\n")
     return venv
 
 
