@@ -33,7 +33,7 @@ def _uri(fig: Figure) -> str:
 
 def burn_chart(section: SloSection, hours: float) -> str:
     """The SLO's 1-hour burn rate through the week, against 1x (budget spent exactly)."""
-    fig, ax = plt.subplots(figsize=(7.0, 1.9))
+    fig, ax = plt.subplots(figsize=(8.2, 1.9))
     burns = [b if b is not None else math.nan for b in section.hourly_burn]
     xs = range(len(burns))
     colors = [_BAD if b > 14.4 else _WARN if b > 1 else _OK for b in
@@ -57,7 +57,7 @@ def burn_chart(section: SloSection, hours: float) -> str:
 
 def completeness_chart(rows: Sequence[TargetCompleteness], threshold: float) -> str:
     """Share of expected scrapes stored per target, against the warning line."""
-    fig, ax = plt.subplots(figsize=(7.0, 0.45 + 0.3 * max(1, len(rows))))
+    fig, ax = plt.subplots(figsize=(8.2, 0.45 + 0.3 * max(1, len(rows))))
     names = [r.target for r in rows]
     ratios = [r.ratio * 100 for r in rows]
     ax.barh(names, ratios, color=[_OK if r.ratio >= threshold else _BAD for r in rows])
@@ -86,7 +86,7 @@ def efficiency_chart(rows: Sequence[ModelEfficiency]) -> str | None:
                 bars.append((f"{row.model}\n{label}", change.current, change.previous))
     if not bars:
         return None
-    fig, ax = plt.subplots(figsize=(7.0, 2.2))
+    fig, ax = plt.subplots(figsize=(8.2, 2.2))
     xs = range(len(bars))
     ax.bar([x - 0.2 for x in xs], [(b[2] or 0.0) * 100 for b in bars], width=0.4,
            color=_PREV, label="previous week")
