@@ -36,6 +36,7 @@ system-deps:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 			postgresql prometheus-alertmanager prometheus >/dev/null; \
 	fi
+	@command -v chromium >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
 
 clean:
 	rm -rf $(VENV) $(TRITON_VENV) tritonwatch-data .pytest_cache .mypy_cache .ruff_cache

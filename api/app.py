@@ -14,6 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from pydantic import BaseModel
 
 from tritonwatch.api.receiver import receiver_router
+from tritonwatch.api.reports import reports_router
 from tritonwatch.schemas.alerting import AlertingConfig
 from tritonwatch.store import QueryError, Store
 from tritonwatch.store.alerts import AlertStore
@@ -59,6 +60,8 @@ def create_app(
     if alerting is not None and alerting.receiver is not None:
         # POST /api/v1/alertmanager/webhook (api/receiver.py); absent unless configured.
         app.include_router(receiver_router(alerting.receiver, AlertStore(store)))
+
+    app.include_router(reports_router())  # /api/v1/reports (api/reports.py)
 
     @app.get("/healthz")
     def healthz() -> dict[str, str]:

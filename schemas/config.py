@@ -321,6 +321,8 @@ class Config(_Frozen):
     """Synthetic LLM probes (see schemas/probes.py and the README's Probes section)."""
     alerting: _alerting.AlertingConfig = Field(default_factory=lambda: _alerting.AlertingConfig())
     """Alert evaluation and delivery (see schemas/alerting.py)."""
+    reports: _reports.ReportsConfig = Field(default_factory=lambda: _reports.ReportsConfig())
+    """The weekly SLO report (see schemas/reports.py)."""
 
     @field_validator("version")
     @classmethod
@@ -471,6 +473,7 @@ def read_yaml(path: str | Path) -> Any:
 # schemas.alerting builds on this module's types, so it is imported last, as a module: that
 # works in either import order (``Config`` resolves ``_alerting.AlertingConfig`` on first use).
 from tritonwatch.schemas import alerting as _alerting  # noqa: E402
+from tritonwatch.schemas import reports as _reports  # noqa: E402
 
-if hasattr(_alerting, "AlertingConfig"):
+if hasattr(_alerting, "AlertingConfig") and hasattr(_reports, "ReportsConfig"):
     Config.model_rebuild()

@@ -267,3 +267,29 @@ alert_events = Table(
     Index(None, "fingerprint", "ts"),
     Index(None, "starts_at"),
 )
+
+# --- weekly reports (alerts/report through store/reports.py) ---------------------------------
+
+# One row per (ISO week, configuration): the unique key is what makes a report produced once
+# however many ``serve`` processes race for it (an INSERT that loses the race does nothing).
+# ``config_key`` hashes what shapes the report (time zone, SLOs, targets and intervals, the
+# report's thresholds).  The three renderings are kept whole: the API serves them as they
+# were sent.  Added in schema version 3 without a version bump: a new table, created by
+# ``create_all`` on an existing database too (store/migrate.py has nothing to move).
+reports = Table(
+    "reports",
+    metadata,
+    Column("id", SeriesId, primary_key=True, autoincrement=True),
+    Column("week", Text, nullable=False),
+    Column("config_key", Text, nullable=False),
+    Column("timezone", Text, nullable=False),
+    Column("start_ms", BigInteger, nullable=False),
+    Column("end_ms", BigInteger, nullable=False),
+    Column("created_at", BigInteger, nullable=False),
+    Column("summary", Text, nullable=False),  # JSON: the report's ``summary``
+    Column("json", Text, nullable=False),
+    Column("html", Text, nullable=False),
+    Column("markdown", Text, nullable=False),
+    UniqueConstraint("week", "config_key"),
+    Index(None, "start_ms"),
+)

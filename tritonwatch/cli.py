@@ -298,6 +298,9 @@ def build_parser() -> argparse.ArgumentParser:
     from tritonwatch.rules_cmd import add_commands  # check-rules, rules-schema, import-slo
 
     add_commands(sub)
+    from tritonwatch.report_cmd import add_command as add_report_command  # report
+
+    add_report_command(sub)
     return parser
 
 

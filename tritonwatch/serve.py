@@ -30,6 +30,7 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from tritonwatch import memory
 from tritonwatch.alerts.jobs import AlertJob
+from tritonwatch.alerts.report.job import install_report_job
 from tritonwatch.api.app import create_app
 from tritonwatch.collector.jobs import Collector, SelfMetrics
 from tritonwatch.schemas.config import Config
@@ -77,6 +78,7 @@ async def serve(
     # After the collector: its job listener also logs and counts a failing alerts:evaluate.
     alert_job = AlertJob.from_config(config, store, registry=metrics.registry)
     alert_job.install(scheduler)
+    install_report_job(scheduler, config, store)  # weekly SLO report (alerts/report/job.py)
     if memory.can_trim():
         scheduler.add_job(
             asyncio.to_thread, "interval", args=[memory.release_free_memory],

@@ -1,0 +1,59 @@
+"""``/api/v1/reports``: the weekly reports kept in the store, listed and fetched.
+
+``GET /api/v1/reports[?week=2026-W48&limit=N]`` lists them newest first (summary included);
+``GET /api/v1/reports/{id}?format=html|md|json`` returns one rendering exactly as it was kept
+(HTML by default, the self-contained document a browser opens).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, HTTPException, Query, Request, Response
+from pydantic import BaseModel
+
+from tritonwatch.store import Store
+from tritonwatch.store.reports import ReportStore
+
+_MEDIA = {"html": "text/html; charset=utf-8", "md": "text/markdown; charset=utf-8",
+          "json": "application/json"}
+
+
+class ReportOut(BaseModel):
+    id: int
+    week: str
+    config_key: str
+    timezone: str
+    start: float
+    end: float
+    created_at: float
+    summary: dict[str, Any]
+
+
+def reports_router() -> APIRouter:
+    router = APIRouter(prefix="/api/v1/reports", tags=["reports"])
+
+    def _reports(request: Request) -> ReportStore:
+        store: Store = request.app.state.store
+        return ReportStore(store)
+
+    @router.get("", response_model=list[ReportOut])
+    def list_reports(
+        request: Request,
+        week: Annotated[str | None, Query(max_length=10, pattern=r"^\d{4}-W\d{2}$")] = None,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    ) -> list[ReportOut]:
+        return [ReportOut(**r._asdict()) for r in _reports(request).list(week=week,
+                                                                          limit=limit)]
+
+    @router.get("/{report_id}")
+    def get_report(
+        request: Request, report_id: int,
+        format: Literal["html", "md", "json"] = "html",
+    ) -> Response:
+        text = _reports(request).document(report_id, format)
+        if text is None:
+            raise HTTPException(404, f"no report with id {report_id}")
+        return Response(text, media_type=_MEDIA[format])
+
+    return router

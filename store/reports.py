@@ -1,0 +1,118 @@
+"""Weekly reports kept in the store (``schemas.tables.reports``).
+
+``ReportStore`` borrows a :class:`~store.Store`'s engine like ``store.alerts.AlertStore``.
+``insert`` keeps a report unless one of the same week and configuration exists (the unique key
+decides, so two processes racing for the same week store it once); ``replace`` (an on-demand
+``tritonwatch report``) overwrites it.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, Literal, NamedTuple
+
+import psycopg
+from sqlalchemy import select
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+
+from tritonwatch.schemas import tables as t
+from tritonwatch.store.engine import transaction
+from tritonwatch.store.errors import StoreError
+from tritonwatch.store.store import Store
+from tritonwatch.store.write import dialect_insert
+
+_DB_ERRORS = (SQLAlchemyError, psycopg.Error, sqlite3.Error)
+Format = Literal["json", "html", "md"]
+_COLUMN = {"json": "json", "html": "html", "md": "markdown"}
+
+
+class StoredReport(NamedTuple):
+    """A kept report without its documents (what a listing shows)."""
+
+    id: int
+    week: str
+    config_key: str
+    timezone: str
+    start: float
+    end: float
+    created_at: float
+    summary: dict[str, Any]
+
+
+class ReportStore:
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._engine = store.sql_engine
+
+    def _values(self, week: str, config_key: str, timezone: str, start: float, end: float,
+                created_at: float, summary: dict[str, Any],
+                documents: dict[str, str]) -> dict[str, Any]:
+        return {
+            "week": week, "config_key": config_key, "timezone": timezone,
+            "start_ms": round(start * 1000), "end_ms": round(end * 1000),
+            "created_at": round(created_at * 1000),
+            "summary": json.dumps(summary, sort_keys=True),
+            "json": documents["json"], "html": documents["html"],
+            "markdown": documents["md"],
+        }
+
+    def insert(self, *, week: str, config_key: str, timezone: str, start: float, end: float,
+               created_at: float, summary: dict[str, Any], documents: dict[str, str],
+               replace: bool = False) -> int | None:
+        """Keep a report; its id, or None when one of this week and configuration exists
+        already (``replace``: overwrite it instead)."""
+        row = self._values(week, config_key, timezone, start, end, created_at, summary,
+                           documents)
+        r = t.reports
+        with self._db("store report"), transaction(self._engine, write=True) as conn:
+            stmt = dialect_insert(conn, r).values(**row)
+            if replace:
+                stmt = stmt.on_conflict_do_update(
+                    index_elements=[r.c.week, r.c.config_key],
+                    set_={k: v for k, v in row.items() if k not in ("week", "config_key")})
+            else:
+                stmt = stmt.on_conflict_do_nothing(index_elements=[r.c.week, r.c.config_key])
+            # RETURNING yields nothing when the conflict clause skipped the row: the race lost.
+            found: int | None = conn.execute(stmt.returning(r.c.id)).scalar_one_or_none()
+        return found
+
+    def exists(self, week: str, config_key: str) -> bool:
+        r = t.reports
+        with self._db("read reports"), transaction(self._engine, write=False) as conn:
+            return conn.execute(select(r.c.id).where(
+                r.c.week == week, r.c.config_key == config_key)).first() is not None
+
+    def list(self, *, week: str | None = None, limit: int = 100) -> list[StoredReport]:
+        """Kept reports, newest week first."""
+        r = t.reports
+        stmt = select(r.c.id, r.c.week, r.c.config_key, r.c.timezone, r.c.start_ms, r.c.end_ms,
+                      r.c.created_at, r.c.summary).order_by(r.c.start_ms.desc(), r.c.id.desc())
+        if week is not None:
+            stmt = stmt.where(r.c.week == week)
+        with self._db("read reports"), transaction(self._engine, write=False) as conn:
+            rows = conn.execute(stmt.limit(limit)).all()
+        return [StoredReport(x.id, x.week, x.config_key, x.timezone, x.start_ms / 1000,
+                             x.end_ms / 1000, x.created_at / 1000, json.loads(x.summary))
+                for x in rows]
+
+    def document(self, report_id: int, fmt: Format) -> str | None:
+        """One rendering of a kept report; None when there is no such report."""
+        r = t.reports
+        column = getattr(r.c, _COLUMN[fmt])
+        with self._db("read report"), transaction(self._engine, write=False) as conn:
+            found: str | None = conn.execute(
+                select(column).where(r.c.id == report_id)).scalar_one_or_none()
+        return found
+
+    @contextmanager
+    def _db(self, action: str) -> Iterator[None]:
+        url = self._store.url_redacted
+        try:
+            yield
+        except _DB_ERRORS as exc:
+            cause = exc.orig if isinstance(exc, DBAPIError) else exc
+            reason = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+            raise StoreError(f"{action} on {url} failed: {reason}", url=url) from exc
