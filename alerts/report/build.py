@@ -138,7 +138,10 @@ def _change(current: float | None, previous: float | None) -> m.Change:
 # --- completeness ----------------------------------------------------------------------------
 
 
-def completeness(store: Store, config: Config, week: Week) -> tuple[m.TargetCompleteness, ...]:
+def completeness(store: Store, config: Config, week: Week,
+                 now: float | None = None) -> tuple[m.TargetCompleteness, ...]:
+    # A week still in progress expects only the scrapes of the hours that have passed.
+    until = week.end if now is None else max(week.start, min(week.end, now))
     intervals = {t.name: config.interval_for(t) for t in config.targets}
     stored: dict[str, float] = defaultdict(float)
     for s in store.buckets("up", start=week.start, end=week.end - 0.001, step=300.0, agg="sum"):
@@ -147,7 +150,7 @@ def completeness(store: Store, config: Config, week: Week) -> tuple[m.TargetComp
     out = []
     for target in sorted({*intervals, *stored}):
         interval = intervals.get(target, config.scrape.interval)
-        expected = max(1, round((week.end - week.start) / interval))
+        expected = max(1, round((until - week.start) / interval))
         got = round(stored.get(target, 0.0))
         ratio = min(1.0, got / expected)
         warning = None
@@ -467,7 +470,7 @@ def build_report(
 ) -> m.Report:
     """The report of ``week`` (boundaries in ``week.tz``) from what ``store`` holds."""
     generated = time.time() if now is None else now
-    comp = completeness(store, config, week)
+    comp = completeness(store, config, week, generated)
     sections = tuple(slo_section(store, s, week, config.reports.history_weeks) for s in specs)
     allowed = {s.name: slo_status(store, s, week.end).allowed_bad for s in specs}
     incs = incidents(store, specs, allowed, week)
@@ -479,6 +482,9 @@ def build_report(
     if not comp:
         warnings.append("No scrapes are stored for this week: every number below is missing, "
                         "none is estimated.")
+    if generated < week.end:
+        warnings.append(f"{week.name} is not over yet: this report covers it up to "
+                        f"{week.local(generated).strftime('%Y-%m-%d %H:%M %Z')}.")
     for s in sections:
         if s.state == "no_data":
             warnings.append(f"SLO {s.name} had no events this week: its numbers are missing.")

@@ -174,3 +174,20 @@ def test_an_empty_week_says_so_instead_of_inventing_numbers(tmp_path: Path) -> N
     assert data["summary"]["no_data"] == 2
     assert any("availability had no events" in w for w in data["warnings"])
     assert data["regressions"] == [] and data["advice"] == [] and data["efficiency"] == []
+
+
+def test_a_week_in_progress_expects_only_the_scrapes_of_the_hours_passed(tmp_path: Path) -> None:
+    store: Store = open_store(f"sqlite:///{tmp_path}/tw.db")
+    store.create_schema()
+    syn.fill(store)
+    try:
+        # 24 hours into W43: 24 * 12 scrapes were due from each target, all stored for a.
+        now = syn.WEEK.start + 24 * 3600
+        got = to_json(build_report(store, syn.config(), syn.SLOS, syn.WEEK, config_key="k",
+                                   now=now))
+    finally:
+        store.close()
+    a = next(c for c in got["completeness"] if c["target"] == "a")
+    assert (a["expected"], a["warning"]) == (24 * 12, None)
+    assert a["stored"] >= 24 * 12  # a sample stamped at the boundary counts (module doc)
+    assert any("2026-W43 is not over yet" in w for w in got["warnings"])
