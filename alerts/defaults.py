@@ -38,7 +38,8 @@ rule (alertname)                what it flags, thresholds, timings
                                 for 2 min, keep firing 5 min. severity=critical
 ``target_down``                 the target's latest ``up`` sample is 0, or it has not been scraped
 (TargetDown)                    for 2 min (``up`` in the last hour, or the store's health), for
-                                2 min, keep firing 1 min. severity=critical
+                                2 min, keep firing 1 min; configured targets only (serve).
+                                severity=critical
 =============================== ===================================================================
 
 ``DefaultsSpec`` turns all of them off (``enabled: false``), some (``disable``), or adjusts them
