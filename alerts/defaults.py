@@ -38,7 +38,8 @@ rule (alertname)                what it flags, thresholds, timings
                                 for 2 min, keep firing 5 min. severity=critical
 ``target_down``                 the target's latest ``up`` sample is 0, or it has not been scraped
 (TargetDown)                    for 2 min (``up`` in the last hour, or the store's health), for
-                                2 min, keep firing 1 min. severity=critical
+                                2 min, keep firing 1 min; configured targets only (serve).
+                                severity=critical
 =============================== ===================================================================
 
 ``DefaultsSpec`` turns all of them off (``enabled: false``), some (``disable``), or adjusts them
@@ -52,7 +53,7 @@ rule (alertname)                what it flags, thresholds, timings
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -522,13 +523,19 @@ class FailureRatioSpikeRule:
 
 @dataclass
 class TargetDownRule:
-    """A target whose latest ``up`` is 0, or that has not been scraped for ``stale_after``."""
+    """A target whose latest ``up`` is 0, or that has not been scraped for ``stale_after``.
+
+    ``targets``: the targets configured now (``serve`` sets it, see :func:`watch_targets`);
+    the store keeps the history of removed ones, which are not down but gone, so their alerts
+    resolve.  ``None`` (replay, backtests over a store alone) judges every target it finds.
+    """
 
     name: str = "target_down"
     for_s: float = 120.0
     keep_firing_for_s: float = 60.0
     stale_after: float = 120.0
     lookback: float = 3600.0
+    targets: frozenset[str] | None = None
 
     def evaluate(self, store: Store, now: float) -> list[AlertCandidate]:
         last: dict[str, tuple[float, float]] = {}  # target -> (ts, value) of latest ``up``
@@ -551,6 +558,8 @@ class TargetDownRule:
                 last[h.target] = (h.ts, 1.0 if h.up else 0.0)
         out: list[AlertCandidate] = []
         for target, (ts, value) in sorted(last.items()):
+            if self.targets is not None and target not in self.targets:
+                continue
             age = now - ts
             if value >= 1 and age <= self.stale_after:
                 continue
@@ -571,6 +580,14 @@ class TargetDownRule:
 
 
 # --- assembly ----------------------------------------------------------------------------------
+
+
+def watch_targets(rules: Iterable[Rule], targets: Iterable[str]) -> None:
+    """Limit every :class:`TargetDownRule` of ``rules`` to the configured ``targets``."""
+    names = frozenset(targets)
+    for rule in rules:
+        if isinstance(rule, TargetDownRule):
+            rule.targets = names
 
 
 def _apply(rule: Any, o: DefaultOverride | None, mapping: Mapping[str, str]) -> Any:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from prometheus_client import CollectorRegistry
 
+from tritonwatch.alerts.defaults import watch_targets
 from tritonwatch.alerts.engine import Engine
 from tritonwatch.alerts.model import Rule
 from tritonwatch.store.errors import StoreError
@@ -60,14 +61,15 @@ class AlertJob:
         """The engine of ``config.alerting`` over ``store``, its state restored.
 
         ``rules`` defaults to ``alerts.rules.load_rules(config.alerting.rules_file)`` (the
-        built-in defaults when no file is set).  Delivery is set up only when at least one
-        Alertmanager or webhook is configured.
+        built-in defaults when no file is set).  TargetDown watches ``config.targets`` only.
+        Delivery is set up only when at least one Alertmanager or webhook is configured.
         """
         alerting = config.alerting
         if rules is None:
             from tritonwatch.alerts.rules import load_rules
 
             rules = list(load_rules(alerting.rules_file))
+        watch_targets(rules, (t.name for t in config.targets))
         dispatcher = None
         if alerting.alertmanagers or alerting.webhooks:
             from tritonwatch.alerts.notify import build_dispatcher

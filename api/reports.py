@@ -37,21 +37,23 @@ def reports_router() -> APIRouter:
         store: Store = request.app.state.store
         return ReportStore(store)
 
+    # Reads go through the API's bounded read pool (api/pool.py), as every other store read does:
+    # a frozen database then costs a fast 503, not the shared thread pool.
     @router.get("", response_model=list[ReportOut])
-    def list_reports(
+    async def list_reports(
         request: Request,
         week: Annotated[str | None, Query(max_length=10, pattern=r"^\d{4}-W\d{2}$")] = None,
         limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     ) -> list[ReportOut]:
-        return [ReportOut(**r._asdict()) for r in _reports(request).list(week=week,
-                                                                          limit=limit)]
+        rows = await request.app.state.pool.run(_reports(request).list, week=week, limit=limit)
+        return [ReportOut(**r._asdict()) for r in rows]
 
     @router.get("/{report_id}")
-    def get_report(
+    async def get_report(
         request: Request, report_id: int,
         format: Literal["html", "md", "json"] = "html",
     ) -> Response:
-        text = _reports(request).document(report_id, format)
+        text = await request.app.state.pool.run(_reports(request).document, report_id, format)
         if text is None:
             raise HTTPException(404, f"no report with id {report_id}")
         return Response(text, media_type=_MEDIA[format])

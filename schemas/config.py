@@ -287,8 +287,25 @@ class ApiConfig(_Frozen):
     listen: str = "127.0.0.1:8080"
     """host:port of the HTTP API (health, /metrics, queries)."""
     token: str | None = None
-    """Bearer token required by write endpoints.  The environment variable
-    TRITONWATCH_API_TOKEN, when set and non-empty, overrides this value."""
+    """Bearer token required by write endpoints (which refuse every request without one).
+    The environment variable TRITONWATCH_API_TOKEN, when set and non-empty, overrides this
+    value."""
+    auth_reads: bool = False
+    """Require the token on reads too: the query API, /metrics, /docs and /openapi.json
+    (/healthz always stays open for probes)."""
+    default_limit: int = Field(default=1_000, ge=1)
+    """Items of a list answer (series, targets) when the request gives no ``limit``."""
+    max_limit: int = Field(default=10_000, ge=1)
+    """The largest ``limit`` a list request may ask for."""
+    max_series: int = Field(default=10_000, ge=1)
+    """Series one range query may select (422 beyond, before any sample is read)."""
+    max_samples: int = Field(default=2_000_000, ge=1)
+    """Samples (or rollup rows) one range query may read (422 beyond, counted before).  An
+    answer of 2 M points took about 110 MB in the API while it was built."""
+    read_workers: int = Field(default=4, ge=1, le=64)
+    """Threads that run database reads for the API (separate from everything else)."""
+    read_queue: int = Field(default=16, ge=0)
+    """Reads that may wait for one of those threads; beyond, a read gets 503 at once."""
 
     @field_validator("token")
     @classmethod
@@ -296,6 +313,15 @@ class ApiConfig(_Frozen):
         if value is not None and (value.lower() in _PLACEHOLDER_SECRETS or len(value) < 16):
             raise ValueError("is a placeholder or shorter than 16 characters; set a real secret")
         return value
+
+    @model_validator(mode="after")
+    def _reads_need_a_token(self) -> ApiConfig:
+        if self.auth_reads and self.token is None:
+            raise ValueError("auth_reads needs api.token (or TRITONWATCH_API_TOKEN) to be set")
+        if self.default_limit > self.max_limit:
+            raise ValueError(f"default_limit ({self.default_limit}) must not exceed max_limit "
+                             f"({self.max_limit})")
+        return self
 
     @field_validator("listen")
     @classmethod

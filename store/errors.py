@@ -7,6 +7,7 @@ Each subclasses the builtin a caller would already catch::
                            samples are kept and a later flush retries
     ValueError
      └── QueryError        bad query arguments (start after end, step <= 0, unknown agg...)
+          └── LimitExceeded  the query would read more series or samples than its caller allows
 
 Messages name the store by its redacted URL, never with the password.
 """
@@ -25,3 +26,17 @@ class StoreError(ConnectionError):
 
 class QueryError(ValueError):
     """A query was called with arguments that cannot be answered."""
+
+
+class LimitExceeded(QueryError):
+    """A query stopped before reading more than its caller's limit of ``what``.
+
+    Raised from the store read itself (a ``LIMIT`` in SQL, or a count of the rows it would
+    decode), so an oversized query costs a count, not the memory of its answer.
+    """
+
+    def __init__(self, message: str, *, what: str, limit: int) -> None:
+        super().__init__(message)
+        #: ``"series"`` or ``"samples"``.
+        self.what = what
+        self.limit = limit

@@ -20,12 +20,13 @@ from typing import Any, Literal, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
-from sqlalchemy import BigInteger, Connection, Table, cast, func, select
+from sqlalchemy import BigInteger, Connection, Table, cast, func, literal, select, tuple_
 
 from tritonwatch.schemas import tables as t
-from tritonwatch.schemas.samples import Labels, label_value, make_labels
+from tritonwatch.schemas.samples import Labels, label_value, labels_json, make_labels
 from tritonwatch.store import samplelog
 from tritonwatch.store.chunks import Merged, decode, last_writes, merge, run_bounds, window_start
+from tritonwatch.store.errors import LimitExceeded
 from tritonwatch.store.values import SeriesColumns, SeriesKey
 
 Agg = Literal["avg", "min", "max", "sum", "count", "last"]
@@ -63,24 +64,58 @@ def find_series(
     name: str | None,
     target: str | None,
     match: Mapping[str, str] | None,
+    max_series: int | None = None,
 ) -> list[tuple[int, SeriesKey]]:
     """``(id, key)`` of the series with this name/target whose labels equal ``match``.
 
     As in PromQL, ``{label: ""}`` matches series that do not have the label.  Sorted by key.
+    More than ``max_series`` raises :class:`LimitExceeded` having read at most one more row
+    than that (a ``LIMIT`` in SQL when there is no ``match``): a name held by a million series
+    must not cost a million keys in memory to be refused.
     """
     query = select(t.series.c.id, t.series.c.target, t.series.c.name, t.series.c.labels)
     if name is not None:
         query = query.where(t.series.c.name == name)
     if target is not None:
         query = query.where(t.series.c.target == target)
+    if max_series is not None and not match:
+        query = query.limit(max_series + 1)
     found = []
     for row in conn.execute(query):
         labels = parse_labels(row.labels)
         if match and any(label_value(labels, k, "") != v for k, v in match.items()):
             continue
         found.append((row.id, SeriesKey(row.target, row.name, labels)))
+        if max_series is not None and len(found) > max_series:
+            raise LimitExceeded(f"the query selects more than {max_series:,} series",
+                                what="series", limit=max_series)
     found.sort(key=lambda item: item[1])
     return found
+
+
+def series_page(
+    conn: Connection,
+    *,
+    name: str | None,
+    target: str | None,
+    after: SeriesKey | None,
+    limit: int,
+) -> list[SeriesKey]:
+    """Up to ``limit`` series with this name/target, ordered by target, name and stored label
+    text, starting after ``after``: one page of the catalogue, read with ``LIMIT`` (keyset
+    paging on the unique index, so a later page costs no more than the first)."""
+    c = t.series.c
+    query = select(c.target, c.name, c.labels)
+    if name is not None:
+        query = query.where(c.name == name)
+    if target is not None:
+        query = query.where(c.target == target)
+    if after is not None:
+        query = query.where(tuple_(c.target, c.name, c.labels)
+                            > tuple_(literal(after.target), literal(after.name),
+                                     literal(labels_json(after.labels))))
+    query = query.order_by(c.target, c.name, c.labels).limit(limit)
+    return [SeriesKey(r.target, r.name, parse_labels(r.labels)) for r in conn.execute(query)]
 
 
 def raw_samples(conn: Connection, ids: Sequence[int], *, lo_ms: int, hi_ms: int) -> Merged:
@@ -371,6 +406,7 @@ def bucket_columns(
     step_ms: int,
     agg: str,
     watermarks: Mapping[int, int],
+    max_samples: int | None = None,
 ) -> SeriesColumns:
     """Buckets of each series in ``series``' order, stamped with their start, as columns.
 
@@ -378,12 +414,24 @@ def bucket_columns(
     straddling a rollup watermark has one from each, merged here column-wise (sorted by
     series and bucket, each run of equal keys reduced) rather than a Python tuple per
     bucket: a 1,000-target fleet's alert rules read tens of thousands of series at a time.
+
+    With ``max_samples``, the rows the read would decode are counted first
+    (:func:`count_rows`) and more than that raises :class:`LimitExceeded` before any is read.
     """
     ids = [sid for sid, _ in series]
+    plan = plan_sources(lo_ms=lo_ms, hi_ms=hi_ms, step_ms=step_ms, watermarks=watermarks)
+    if max_samples is not None:
+        total = 0
+        for table, lo, hi in plan:
+            for chunk in _chunks(ids):
+                total += count_rows(conn, table, chunk, lo_ms=lo, hi_ms=hi)
+                if total > max_samples:
+                    raise LimitExceeded(
+                        f"the query would read more than {max_samples:,} samples",
+                        what="samples", limit=max_samples)
     parts = [
         _parts(conn, table, chunk, lo_ms=lo, hi_ms=hi, step_ms=step_ms, agg=agg)
-        for table, lo, hi in plan_sources(lo_ms=lo_ms, hi_ms=hi_ms, step_ms=step_ms,
-                                          watermarks=watermarks)
+        for table, lo, hi in plan
         for chunk in _chunks(ids)
     ]
     if not parts or not sum(len(p.ids) for p in parts):
@@ -402,6 +450,25 @@ def bucket_columns(
     bounds = np.append(firsts, len(rank)).astype(np.int64)
     keys = [series[r][1] for r in rank[firsts].tolist()]
     return SeriesColumns(keys, bounds, b / 1000, values)
+
+
+def count_rows(conn: Connection, table: Table, ids: list[int], *, lo_ms: int, hi_ms: int) -> int:
+    """Samples (raw chunks and log rows) or rows (rollups) of ``ids`` that a read of
+    ``[lo_ms, hi_ms]`` from ``table`` decodes: whole chunks and log rows overlapping the
+    window, so an upper bound of the samples in it."""
+    if table is t.sample_chunks:
+        c = table.c
+        stmt = select(_total(c.n)).where(
+            c.series_id.in_(ids),
+            c.start_ms >= window_start(lo_ms),
+            c.start_ms <= hi_ms,
+            c.end_ms >= lo_ms,
+        )
+        logged = samplelog.count_read(conn, ids, lo_ms=lo_ms, hi_ms=hi_ms)
+        return logged + int(conn.execute(stmt).scalar_one_or_none() or 0)
+    stmt = select(func.count()).select_from(table).where(
+        table.c.series_id.in_(ids), table.c.ts >= lo_ms, table.c.ts <= hi_ms)
+    return int(conn.execute(stmt).scalar_one_or_none() or 0)
 
 
 def _merge(

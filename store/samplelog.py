@@ -220,6 +220,19 @@ def read(conn: Connection, ids: Sequence[int], *, lo_ms: int, hi_ms: int) -> Col
     )
 
 
+def count_read(conn: Connection, ids: Sequence[int], *, lo_ms: int, hi_ms: int) -> int:
+    """Samples in the log rows :func:`read` would decode for these arguments (whole rows:
+    every series of the targets and names of ``ids``)."""
+    if not ids:
+        return 0
+    c, s = t.sample_log.c, t.series.c
+    owners = select(s.target, s.name).where(s.id.in_(ids)).distinct()
+    total = conn.execute(select(func.sum(c.n)).where(
+        tuple_(c.target, c.name).in_(owners), c.end_ms >= lo_ms, c.start_ms <= hi_ms
+    )).scalar_one_or_none()
+    return int(total or 0)
+
+
 def select_samples(
     seqs: Sequence[int], datas: Sequence[bytes], ids: npt.NDArray[np.int64], *, lo_ms: int,
     hi_ms: int,

@@ -28,15 +28,15 @@ import sqlite3
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Container, Iterable, Iterator, Mapping
+from contextlib import closing, contextmanager
 from operator import itemgetter
 from types import TracebackType
 from typing import Any
 
 import numpy as np
 import psycopg
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, literal, select, tuple_
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from tritonwatch.schemas import tables as t
@@ -529,10 +529,21 @@ class Store:
         self._health_up = known
         return len(pending)
 
-    def health(self) -> list[TargetHealth]:
-        """The latest outcome of every (target, source), sorted."""
+    def health(
+        self,
+        *,
+        targets: Container[str] | None = None,
+        after: tuple[str, str] | None = None,
+        limit: int | None = None,
+    ) -> list[TargetHealth]:
+        """The latest outcome of every (target, source), sorted; only of ``targets`` if given,
+        at most ``limit`` of them after the (target, source) ``after`` (one page)."""
         th = t.target_health
-        return self._read_health(select(th).order_by(th.c.target, th.c.source))
+        stmt = select(th).order_by(th.c.target, th.c.source)
+        if after is not None:
+            stmt = stmt.where(tuple_(th.c.target, th.c.source)
+                              > tuple_(literal(after[0]), literal(after[1])))
+        return self._read_health(stmt, targets=targets, limit=limit)
 
     def health_log(
         self, target: str | None = None, *, since: float | None = None
@@ -546,16 +557,27 @@ class Store:
             stmt = stmt.where(thl.c.ts >= round(since * 1000))
         return self._read_health(stmt)
 
-    def _read_health(self, stmt: Any) -> list[TargetHealth]:
+    def _read_health(
+        self,
+        stmt: Any,
+        *,
+        targets: Container[str] | None = None,
+        limit: int | None = None,
+    ) -> list[TargetHealth]:
         with self._flush_lock:
             self._flush_health_locked()
+        out: list[TargetHealth] = []
         with self._db("read health"), transaction(self._engine, write=False) as conn:
-            return [
-                TargetHealth(
-                    r.target, r.source, r.ts / 1000, bool(r.up), r.duration_s, r.samples, r.error
-                )
-                for r in conn.execute(stmt)
-            ]
+            # Streamed and cut at ``limit``: the table keeps every target ever scraped.
+            with closing(conn.execute(stmt.execution_options(yield_per=1000))) as rows:
+                for r in rows:
+                    if targets is not None and r.target not in targets:
+                        continue
+                    out.append(TargetHealth(r.target, r.source, r.ts / 1000, bool(r.up),
+                                            r.duration_s, r.samples, r.error))
+                    if limit is not None and len(out) >= limit:
+                        break
+        return out
 
     def put_model_config(
         self, target: str, model: str, config: Mapping[str, Any], fetched_at: float
@@ -663,6 +685,19 @@ class Store:
         with self._db("query series"), transaction(self._engine, write=False) as conn:
             found = query.find_series(conn, name=name, target=target, match=match)
         return [key for _, key in found]
+
+    def series_page(
+        self,
+        name: str | None = None,
+        *,
+        target: str | None = None,
+        after: SeriesKey | None = None,
+        limit: int,
+    ) -> list[SeriesKey]:
+        """At most ``limit`` series after ``after``, ordered by target, name and stored label
+        text (``query.series_page``): the catalogue one page at a time."""
+        with self._db("query series"), transaction(self._engine, write=False) as conn:
+            return query.series_page(conn, name=name, target=target, after=after, limit=limit)
 
     def range(
         self,
@@ -774,15 +809,21 @@ class Store:
         agg: query.Agg,
         target: str | None = None,
         match: Mapping[str, str] | None = None,
+        max_series: int | None = None,
+        max_samples: int | None = None,
     ) -> SeriesColumns:
-        """:meth:`buckets` as two columns for all series (:class:`store.values.SeriesColumns`)."""
+        """:meth:`buckets` as two columns for all series (:class:`store.values.SeriesColumns`).
+
+        ``max_series`` and ``max_samples`` bound the read itself (``LimitExceeded`` before the
+        samples are read; see ``query.find_series`` and ``query.bucket_columns``)."""
         lo, hi = _window(start, end)
         if agg not in query.AGGS:
             raise QueryError(f"agg must be one of {sorted(query.AGGS)}, got {agg!r}")
         if not math.isfinite(step) or round(step * 1000) < 1:
             raise QueryError(f"step must be a positive number of seconds, got {step!r}")
         with self._db("query buckets"), transaction(self._engine, write=False) as conn:
-            found = query.find_series(conn, name=name, target=target, match=match)
+            found = query.find_series(conn, name=name, target=target, match=match,
+                                      max_series=max_series)
             return query.bucket_columns(
                 conn,
                 found,
@@ -791,6 +832,7 @@ class Store:
                 step_ms=round(step * 1000),
                 agg=agg,
                 watermarks=maintenance.watermarks(conn),
+                max_samples=max_samples,
             )
 
     # --- maintenance -------------------------------------------------------------------------

@@ -86,8 +86,13 @@ async def serve(
             coalesce=True, max_instances=1, replace_existing=True,
         )
     host, port = split_listen(listen or config.api.listen)
+    # /api/v1/targets lists what this process collects from, not every name the store kept.
+    collected = {*collector.targets, *(p.target for p in collector.probes.values())}
+    if collector.nvml is not None:
+        collected.add(collector.nvml.host)
     server = _Server(uvicorn.Config(
-        create_app(store, registry=metrics.registry, alerting=config.alerting),
+        create_app(store, registry=metrics.registry, alerting=config.alerting,
+                   api=config.api, targets=collected),
         host=host, port=port,
         log_level="warning", lifespan="off", access_log=False,
     ))

@@ -335,3 +335,17 @@ def test_builtin_and_file_regressions_read_the_load_once(store: Store) -> None:
     baseline_reads = [c for c in counting.calls
                       if c[1] == "sli:request_rate" and c[2] < START - 900.0 - 300.0]
     assert len(baseline_reads) == 2, baseline_reads
+
+
+def test_target_down_judges_only_the_configured_targets(store: Store) -> None:
+    # The store keeps the history of a target taken out of the config; it is gone, not down.
+    now = T0 + 3600.0
+    for ts in np.arange(now - 900, now - 600, 15.0):
+        for target in ("kept", "removed"):
+            store.write(target, float(ts), [Sample("up", (), 1.0)])
+    store.flush()
+    r = rule("target_down")
+    assert sorted(dict(c.labels)["target"] for c in r.evaluate(store, now)) == [
+        "kept", "removed"]
+    tritonwatch.alerts.defaults.watch_targets([r], ["kept", "never-scraped"])
+    assert [dict(c.labels)["target"] for c in r.evaluate(store, now)] == ["kept"]

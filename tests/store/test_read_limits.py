@@ -1,0 +1,96 @@
+"""Read limits in the store itself, on both backends: one page of the catalogue (LIMIT and
+keyset), a series cap read with LIMIT, sample counts taken before a range is read, health
+pages of configured targets."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+
+from tritonwatch.schemas.samples import Sample, TargetHealth, make_labels
+from tritonwatch.store import SeriesColumns, SeriesKey, Store
+from tritonwatch.store.errors import LimitExceeded, QueryError
+
+T0 = (int(time.time()) // 3600 - 48) * 3600.0  # an hour boundary two days ago
+
+LABELS = [{"i": "1"}, {"i": "10"}, {"i": "2"}, {"i": "2", "z": 'q"u\\o'}, {"a": "模型"}, {}]
+
+
+@pytest.fixture
+def store(make_store: Callable[..., Store]) -> Store:
+    return make_store()
+
+
+def test_pages_of_series_add_up_to_every_series_once(store: Store) -> None:
+    for target in ("b", "a"):
+        store.write(target, T0, [Sample(n, make_labels(lbl), 1.0)
+                                 for n in ("x", "y") for lbl in LABELS])
+    store.flush()
+    every = set(store.series())
+    for size in (1, 2, 5, 100):
+        pages: list[SeriesKey] = []
+        after = None
+        while True:
+            page = store.series_page(after=after, limit=size)
+            pages += page
+            if len(page) < size:
+                break
+            after = page[-1]
+        assert len(pages) == len(every) == 24 and set(pages) == every, size
+        assert [(k.target, k.name) for k in pages] == sorted((k.target, k.name) for k in pages)
+    assert {k.target for k in store.series_page("y", target="b", limit=100)} == {"b"}
+    assert len(store.series_page("y", target="b", limit=100)) == len(LABELS)
+
+
+def _buckets(store: Store, *, end: float, step: float = 60.0,
+             match: dict[str, str] | None = None, max_series: int | None = None,
+             max_samples: int | None = None) -> SeriesColumns:
+    return store.bucket_columns("g", start=T0, end=end, step=step, agg="avg", match=match,
+                                max_series=max_series, max_samples=max_samples)
+
+
+def test_more_series_than_allowed_is_refused(store: Store) -> None:
+    store.write("t", T0, [Sample("g", (("i", str(i)),), 1.0) for i in range(30)])
+    store.flush()
+    assert len(_buckets(store, end=T0 + 60, max_series=30).keys) == 30
+    with pytest.raises(LimitExceeded) as err:
+        _buckets(store, end=T0 + 60, max_series=29)
+    assert (err.value.what, err.value.limit) == ("series", 29)
+    assert isinstance(err.value, QueryError)
+    # With a label match the cap counts the matching series only.
+    assert len(_buckets(store, end=T0 + 60, match={"i": "3"}, max_series=1).keys) == 1
+
+
+def test_samples_are_counted_before_they_are_read(store: Store) -> None:
+    # Two hours of one series every 15 s: 480 samples.  The older hour is moved into chunks
+    # and rolled up; the newer one stays in the sample log.
+    for k in range(480):
+        store.write("t", T0 + 15 * k, [Sample("g", (), float(k))])
+        if k == 239:
+            store.flush()
+            store.rollup(T0 + 7200)
+    store.flush()
+    end = T0 + 7199
+    assert len(_buckets(store, end=end, max_samples=480).values) == 120
+    with pytest.raises(LimitExceeded) as err:
+        _buckets(store, end=end, max_samples=479)
+    assert (err.value.what, err.value.limit) == ("samples", 479)
+    # A 5-minute step reads the first hour's 12 rollup rows instead of its 240 samples.
+    assert len(_buckets(store, end=end, step=300.0, max_samples=240 + 12).values) == 24
+    with pytest.raises(LimitExceeded):
+        _buckets(store, end=end, step=300.0, max_samples=240 + 11)
+
+
+def test_health_pages_of_configured_targets(store: Store) -> None:
+    for name in ("a", "b", "c", "d"):
+        for source in ("api", "metrics"):
+            store.write_health(TargetHealth(name, source, T0, True, 0.1, 1, None))
+    assert len(store.health()) == 8
+    page = store.health(targets={"a", "c", "d"}, limit=3)
+    assert [(h.target, h.source) for h in page] == [("a", "api"), ("a", "metrics"),
+                                                     ("c", "api")]
+    rest = store.health(targets={"a", "c", "d"}, after=("c", "api"), limit=10)
+    assert [(h.target, h.source) for h in rest] == [("c", "metrics"), ("d", "api"),
+                                                    ("d", "metrics")]
