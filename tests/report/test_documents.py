@@ -163,4 +163,5 @@ def test_api_lists_and_fetches_kept_reports(filled: Store, tmp_path: Path) -> No
         "# Weekly SLO report 2026-W43")
     missing = client.get("/api/v1/reports/999")
     assert missing.status_code == 404 and "999" in missing.json()["detail"]
-    assert client.get("/api/v1/reports", params={"week": "48"}).status_code == 422
+    bad = client.get("/api/v1/reports", params={"week": "48"})
+    assert bad.status_code == 400 and "week" in bad.json()["error"]
