@@ -105,9 +105,10 @@ def within_series_limits(
         if limit is None or stored + len(tkeys) <= limit:
             allowed += tkeys
             continue
-        existing = set(
-            conn.execute(select(sr.c.name, sr.c.labels).where(sr.c.target == target)).tuples()
-        )
+        existing = {
+            (row[0], row[1])
+            for row in conn.execute(select(sr.c.name, sr.c.labels).where(sr.c.target == target))
+        }
         room = limit - stored
         for key in tkeys:
             if (key[1], labels_json(key[2])) in existing:
