@@ -18,10 +18,13 @@ store (SQLite, and a real PostgreSQL where the fault is PostgreSQL's), the real 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import re
+import threading
 from collections.abc import Callable
 from contextlib import ExitStack
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -288,6 +291,70 @@ def test_a_60kb_unparsable_line_is_logged_escaped_cut_and_once(store, caplog):
     stored = {h.target: h for h in store.health()}
     error = stored["hostile"].error or ""
     assert not CONTROL.search(error) and 0 < len(error) <= HEALTH_ERROR_MAX + 40
+
+
+class _HostileModelServer(BaseHTTPRequestHandler):
+    """A model server whose error message would forge log lines, paint the terminal and break
+    PostgreSQL: a real HTTP server, answering every request with a 500."""
+
+    protocol_version = "HTTP/1.1"
+    MESSAGE = "boom\nERROR forged \x1b[31m\x00 " + "A" * 5_000
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        data = json.dumps({"error": {"message": self.MESSAGE, "code": 500}}).encode()
+        self.send_response(500)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+@pytest.mark.postgres
+def test_a_probes_hostile_error_text_is_logged_escaped_and_stored_on_postgres(
+    postgres_db_url, caplog
+):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _HostileModelServer)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    store = open_store(postgres_db_url)
+    store.create_schema()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        config = validate_config({"nvml": {"enabled": False}, "probes": [
+            {"name": "llm", "url": url, "protocol": "openai", "model": "m", "warmup": 0,
+             "requests": 2, "timeout": 10},
+        ]})
+        collector = Collector(config, store)
+
+        async def go() -> None:
+            try:
+                for _ in range(3):
+                    await collector.run_probe("llm")
+            finally:
+                await collector.close()
+
+        with caplog.at_level(logging.WARNING, logger="tritonwatch.collector.jobs"):
+            asyncio.run(go())
+        store.flush()
+    finally:
+        server.shutdown()
+        server.server_close()
+    try:
+        lines = [r.getMessage() for r in caplog.records if "probe:llm" in r.getMessage()]
+        assert len(lines) == 1, lines  # once, not per run
+        assert not CONTROL.search(lines[0]) and "boom\\nERROR forged" in lines[0]
+        assert len(lines[0]) < 1_000
+        (health,) = [h for h in store.health() if h.source == "probe:llm"]
+        assert not health.up and not CONTROL.search(health.error or "")
+        results = store.probe_results(probe="llm")
+        assert len(results) == 6 and not any(r.ok for r in results)
+        assert all("\x00" not in (r.error_message or "") for r in results)
+    finally:
+        store.close()
 
 
 # --- 7. NUL from a target on PostgreSQL --------------------------------------------------------
