@@ -34,6 +34,7 @@ from starlette.concurrency import run_in_threadpool
 from tritonwatch.schemas.alerting import ReceiverConfig
 from tritonwatch.schemas.alerts import AlertEvent, fingerprint
 from tritonwatch.schemas.samples import make_labels
+from tritonwatch.schemas.untrusted import RepeatLimiter, log_safe
 from tritonwatch.store.errors import StoreError
 
 log = logging.getLogger("tritonwatch.api.receiver")
@@ -160,13 +161,18 @@ async def _read_body(request: Request, limit: int) -> bytes:
 def receiver_router(config: ReceiverConfig, sink: AlertEventSink) -> APIRouter:
     """The webhook route, authenticated by ``config`` and writing to ``sink``."""
     router = APIRouter()
+    # A client retrying with wrong credentials, or a store that stays down, logs once per 5 min.
+    repeats = RepeatLimiter(300.0)
 
     @router.post(WEBHOOK_PATH, response_model=WebhookAck)
     async def alertmanager_webhook(request: Request) -> WebhookAck:
         if not _authorized(config, request.headers.get("authorization")):
             # Which credential was tried, and what it was, stays out of the log.
-            log.warning("webhook from %s refused: missing or wrong credentials",
-                        request.client.host if request.client else "?")
+            host = log_safe(request.client.host if request.client else "?", 100)
+            suppressed = repeats.check(("refused", host))
+            if suppressed is not None:
+                log.warning("webhook from %s refused: missing or wrong credentials%s", host,
+                            repeats.note(suppressed))
             raise HTTPException(401, "authentication required",
                                 headers={"WWW-Authenticate": _challenge(config)})
         body = await _read_body(request, config.max_body_bytes)
@@ -181,10 +187,14 @@ def receiver_router(config: ReceiverConfig, sink: AlertEventSink) -> APIRouter:
         try:
             stored = await run_in_threadpool(sink.append_events, events)
         except StoreError as exc:
-            log.error("webhook from receiver %r not stored: %s", message.receiver, exc)
+            suppressed = repeats.check("store")
+            if suppressed is not None:
+                log.error("webhook from receiver %s not stored: %s%s", log_safe(message.receiver),
+                          log_safe(exc), repeats.note(suppressed))
             raise HTTPException(503, "alert history unavailable; retry later") from None
-        log.info("stored %d alert(s) from receiver %r, group %s (%s)", stored,
-                 message.receiver, message.groupKey, message.status)
+        # Sender's text: escaped and cut, so a newline in it cannot forge a log line.
+        log.info("stored %d alert(s) from receiver %s, group %s (%s)", stored,
+                 log_safe(message.receiver), log_safe(message.groupKey), message.status)
         return WebhookAck(stored=stored)
 
     return router

@@ -11,6 +11,11 @@ How the counters are read (the parts that are easy to get wrong):
   its increase is the new value, exactly as Prometheus ``increase()`` does, so a restart never
   yields a negative rate nor a spike.  (A reset that climbs past the old value before the next
   scrape is invisible, as in Prometheus.)
+* **Counters below zero.**  A counter sample with a negative value is not a counter value (a
+  broken exporter, or a gauge under a counter's name); it is skipped like NaN, neither a delta
+  nor a baseline.  Taken as a reset, its "increase" would be the negative value itself, so a
+  counter falling below zero gave a negative ``sli:request_rate``.  With this rule every counter
+  delta, and every rate derived here, is >= 0.
 * **Per series first, then sum.**  Deltas are taken per raw series and only then summed per
   model over ``gpu_uuid``, ``_tag`` labels and any other label except ``model``, ``version`` and
   ``namespace``.  A reset on one ``gpu_uuid`` series therefore cannot corrupt the sum.
@@ -158,6 +163,8 @@ _MODEL_GAUGE = 5  # model-level gauge → _Acc.g[field] (summed)
 _TRTLLM_GAUGE = 6  # model-level gauge with a category label → _Acc.g[field + category]
 _GPU_GAUGE = 7  # per gpu_uuid gauge
 _ENERGY = 8  # per gpu_uuid counter
+# The kinds whose values may be below zero; every other kind is a counter.
+_GAUGE_KINDS = frozenset({_MODEL_GAUGE, _TRTLLM_GAUGE, _GPU_GAUGE})
 
 
 class _Role(NamedTuple):
@@ -358,6 +365,7 @@ class _Plan:
         "has_dups",
         "has_none_slots",
         "m_acc",
+        "m_gauge",
         "m_idx",
         "m_seen",
         "present",
@@ -464,6 +472,8 @@ class _Plan:
         self.c_acc = self.m_acc[self.c_pos]
         self.g_pos = _ints(g_pos)
         self.g_slot = _ints(g_slot)
+        self.m_gauge = np.zeros(len(m_idx), dtype=np.bool_)
+        self.m_gauge[self.g_pos] = True
         self.has_dups = len(states) < len(c_u)
         self.has_none_slots = -1 in c_slot
         self.acc_keys: list[tuple[int, ModelKey]] = list(accs)
@@ -579,9 +589,9 @@ class Deriver:
                 if role is None:
                     continue
                 value = sample.value
-                if not isfinite(value):
-                    continue
                 kind = role.kind
+                if not isfinite(value) or (value < 0 and kind not in _GAUGE_KINDS):
+                    continue  # a counter below zero is no counter value (see the docstring)
                 labels = sample.labels
                 if kind == _GPU_GAUGE:
                     gpus.setdefault(label_value(labels, "gpu_uuid"), {})[role.field] = value
@@ -684,7 +694,10 @@ class Deriver:
 
         accs: list[dict[ModelKey, _Acc]] = [{}, {}]
         m_values = values[plan.m_idx]
-        finite = np.isfinite(m_values)
+        # "finite" reads "usable" below: a finite value, and for a counter one >= 0, as derive()
+        # takes them.
+        with np.errstate(invalid="ignore"):
+            finite = np.isfinite(m_values) & ((m_values >= 0) | plan.m_gauge)
         all_finite = bool(finite.all())
 
         # Accumulators, in order of their first finite sample, with the fields seen.  Only
@@ -730,7 +743,7 @@ class Deriver:
             for (gpu, skey), value in zip(
                 plan.energy_info, values[plan.energy_idx].tolist(), strict=True
             )
-            if isfinite(value)
+            if isfinite(value) and value >= 0
         ]
         new_energy: _State = {}
         out = self._outputs(accs, gpus, energy, cols.energy, new_energy, ts, configs)

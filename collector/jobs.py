@@ -38,6 +38,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from tritonwatch.collector.derive import Deriver
 from tritonwatch.collector.gpu import EMPTY_PLAN, GpuSliDeriver, TritonGpuPlan, TritonReading
+from tritonwatch.collector.limits import LimitExceeded, check_sample_count, check_shape
 from tritonwatch.collector.nvml import NvmlCollector
 from tritonwatch.collector.parse import ParseError
 from tritonwatch.collector.probes.runner import ProbeRunner, resolve_url
@@ -45,10 +46,11 @@ from tritonwatch.collector.probes.sink import ProbeMetrics, run_samples
 from tritonwatch.collector.scrape import ScrapeError, fetch_metrics, make_client
 from tritonwatch.collector.shape import Shape, Values, parse_columns
 from tritonwatch.collector.triton import TritonApi, TritonApiError
-from tritonwatch.schemas.config import Config, TargetConfig
+from tritonwatch.schemas.config import Config, ScrapeLimits, TargetConfig
 from tritonwatch.schemas.probes import ProbeResult
 from tritonwatch.schemas.samples import Labels, Sample, Snapshot, TargetHealth
 from tritonwatch.schemas.triton import ModelConfigInfo
+from tritonwatch.schemas.untrusted import RepeatLimiter, log_safe
 from tritonwatch.store import Store
 
 log = logging.getLogger(__name__)
@@ -61,6 +63,12 @@ MIN_MAX_GAP_S = 300.0
 MAX_GAP_INTERVALS = 4.0
 #: Most Triton API reads in flight at once (each holds a worker thread until it answers).
 API_MAX_CONCURRENCY = 8
+#: A health error (a target's text, escaped) is cut to this many characters, in the log and
+#: in the store: a 60 KB unparsable line quoted whole on every scrape filled the log.
+HEALTH_ERROR_MAX = 500
+#: The same kind of log line about one target (down, back up, series refused) or one failing
+#: job is written at most once per this many seconds; the next says how many were held back.
+LOG_REPEAT_S = 300.0
 
 
 def deriver_max_gap(scrape_interval: float, api_interval: float | None = None) -> float:
@@ -120,6 +128,11 @@ class SelfMetrics:
             "tritonwatch_store_flush_errors", "Failed store flushes (data kept for retry)",
             registry=self.registry,
         )
+        self.series_refused = Counter(
+            "tritonwatch_series_limit_refused_samples",
+            "Samples dropped because their new series would take the target past series_limit",
+            ["target"], registry=self.registry,
+        )
         #: Synthetic probe latency histograms (``tritonwatch_probe_*``), same registry.
         self.probes = ProbeMetrics(self.registry)
 
@@ -132,6 +145,10 @@ class SelfMetrics:
 class TargetState:
     def __init__(self, target: TargetConfig, config: Config | None = None) -> None:
         self.config = target
+        self.limits: ScrapeLimits = (config or Config()).limits_for(target)
+        # The last shape checked against the label and sample limits, and what it broke: a
+        # shape's structure never changes, so an unchanged payload is not checked again.
+        self._limit_check: tuple[Shape, str | None] | None = None
         has_api = bool(target.http_url or target.grpc_url)
         if config is not None:
             scrape_interval = config.interval_for(target)
@@ -198,6 +215,15 @@ class TargetState:
             self._gpu_plan = (shape, plan)
         return TritonReading(plan, values, derived)
 
+    def limit_violation(self, shape: Shape) -> str | None:
+        """Why ``shape`` breaks the target's limits, or None (checked once per shape)."""
+        checked = self._limit_check
+        if checked is not None and checked[0] is shape:
+            return checked[1]
+        reason = check_shape(shape, self.limits)
+        self._limit_check = (shape, reason)
+        return reason
+
     def forget_scrape(self) -> None:
         """The target is down: its last scrape no longer describes it."""
         self.latest = []
@@ -263,6 +289,13 @@ class Collector:
             min(config.scrape.max_concurrency, API_MAX_CONCURRENCY)
         )
         self._last_health: dict[tuple[str, str], TargetHealth] = {}
+        self._log_limiter = RepeatLimiter(LOG_REPEAT_S)
+        # The series limit is the store's to enforce: only it knows which series are new.
+        self._series_limits = {
+            name: st.limits.series_limit for name, st in self.targets.items()
+            if st.limits.series_limit
+        }
+        store.limit_series(self._series_limits, on_refused=self._series_refused)
         self.nvml: NvmlCollector | None = None
         self.gpu_deriver: GpuSliDeriver | None = None
         if config.nvml.enabled:
@@ -292,17 +325,43 @@ class Collector:
             await self._client.aclose()
             self._client = None
 
-    async def _record(self, health: TargetHealth) -> None:
-        # Log transitions only: a target that stays down must not write a line per scrape.
+    def _series_refused(self, target: str, series: int, samples: int) -> None:
+        # Called by the store's flush, in its thread.
+        self.metrics.series_refused.labels(target).inc(samples)
+        suppressed = self._log_limiter.check(("series_limit", target))
+        if suppressed is not None:
+            log.warning(
+                "target %s: %d new series refused, the target has reached its series_limit "
+                "(%d series in the store); %d samples dropped, its other series kept%s",
+                target, series, self._series_limits.get(target, 0), samples,
+                self._log_limiter.note(suppressed),
+            )
+
+    async def _record(self, health: TargetHealth) -> TargetHealth:
+        """Log, count and buffer ``health``; returns it as recorded (its error made safe)."""
+        # Error texts quote what a target or model server sent: escaped and cut once, here,
+        # for the log, the store and the API alike.
+        if health.error is not None:
+            health = health._replace(error=log_safe(health.error, HEALTH_ERROR_MAX))
+        # Log transitions only: a target that stays down must not write a line per scrape; and
+        # at most one line per target and kind every LOG_REPEAT_S, so a target whose error
+        # changes every scrape (or that flaps) cannot either.
         key = (health.target, health.source)
         before = self._last_health.get(key)
         if not health.up and (before is None or before.up or before.error != health.error):
-            log.warning("%s of target %s down: %s", health.source, health.target, health.error)
+            suppressed = self._log_limiter.check(("down", *key))
+            if suppressed is not None:
+                log.warning("%s of target %s down: %s%s", health.source, health.target,
+                            health.error, self._log_limiter.note(suppressed))
         elif health.up and before is not None and not before.up:
-            log.warning("%s of target %s is back up", health.source, health.target)
+            suppressed = self._log_limiter.check(("up", *key))
+            if suppressed is not None:
+                log.warning("%s of target %s is back up%s", health.source, health.target,
+                            self._log_limiter.note(suppressed))
         self._last_health[key] = health
         self.metrics.record(health)
         self.store.write_health(health)  # buffered: never waits for the database
+        return health
 
     async def scrape(self, name: str) -> TargetHealth:
         """Scrape one target, derive its SLIs, buffer everything for the store."""
@@ -323,6 +382,8 @@ class Collector:
         except (ScrapeError, ParseError) as exc:
             reason = exc.reason if isinstance(exc, ScrapeError) else f"unparsable body: {exc}"
             return await self._scrape_failed(state, now, start, reason)
+        except LimitExceeded as exc:
+            return await self._scrape_failed(state, now, start, exc.reason, exc.samples)
         except Exception as exc:
             # A bug, not a broken target: health goes down (never stale "up"), the job
             # listener counts and logs the exception.
@@ -330,7 +391,7 @@ class Collector:
                 state, now, start, f"scrape of target {name!r} failed: {exc!r}"
             )
             raise
-        await self._record(health)
+        health = await self._record(health)
         return health
 
     def _ingest(self, state: TargetState, text: str, now: float, start: float) -> TargetHealth:
@@ -342,7 +403,14 @@ class Collector:
         so the steady state builds no per-sample objects for the raw series.
         """
         target = state.config
+        check_sample_count(target.name, text, state.limits)
         shape, values = parse_columns(text, state.shape)
+        reason = state.limit_violation(shape)
+        if reason is not None:
+            # Nothing of it is stored or derived (as Prometheus); the shape is kept, so the
+            # same payload next time is recognised without a full parse or another check.
+            state.shape = shape
+            raise LimitExceeded(target.name, reason, len(values))
         with state.derive_lock:
             derived = state.deriver.derive_columns(shape, values, now, state.configs)
         state.shape, state.last_scrape, state.latest = shape, (shape, values, derived), derived
@@ -362,14 +430,18 @@ class Collector:
         return health
 
     async def _scrape_failed(
-        self, state: TargetState, now: float, start: float, reason: str
+        self, state: TargetState, now: float, start: float, reason: str, scraped: int = 0
     ) -> TargetHealth:
+        """``scraped``: how many samples a refused scrape held (a limit), reported like
+        Prometheus's ``scrape_samples_scraped``."""
         # The last good snapshot is no longer the target's state: the GPU join must not keep
         # joining a dead server's frozen queue with live NVML readings.
         state.forget_scrape()
         name = state.config.name
-        health = TargetHealth(name, "metrics", now, False, time.perf_counter() - start, 0, reason)
-        await self._record(health)
+        health = TargetHealth(
+            name, "metrics", now, False, time.perf_counter() - start, scraped, reason
+        )
+        health = await self._record(health)
         samples = self._up_samples(health)
         if state.config.labels:
             samples = _with_target_labels(samples, state.config.labels)
@@ -403,17 +475,17 @@ class Collector:
             samples, raw_count = await asyncio.to_thread(self._derive_api, state, reading.stats)
         except TritonApiError as exc:
             health = TargetHealth(name, "api", now, False, 0.0, 0, exc.reason)
-            await self._record(health)
+            health = await self._record(health)
             return health
         except Exception as exc:
             # Bad values in the JSON, a missing key...: down, naming the target, and re-raised
             # so the job listener counts it.
             health = TargetHealth(name, "api", now, False, 0.0, 0,
                                   f"API reading of target {name!r} failed: {exc!r}")
-            await self._record(health)
+            health = await self._record(health)
             raise
         health = TargetHealth(name, "api", now, True, reading.duration_s, raw_count)
-        await self._record(health)
+        health = await self._record(health)
         await asyncio.to_thread(self.store.write, name, now, samples)
         await self._write_configs(state, reading.raw_configs, now)
         return health
@@ -459,7 +531,7 @@ class Collector:
         # Off the event loop, in one hop: the join reads every target's last scrape and
         # would otherwise hold every scrape while it runs.
         health = await asyncio.to_thread(self._read_nvml, self.nvml, self.gpu_deriver)
-        await self._record(health)
+        health = await self._record(health)
         return health
 
     def _read_nvml(self, nvml: NvmlCollector, deriver: GpuSliDeriver) -> TargetHealth:
@@ -485,7 +557,7 @@ class Collector:
         except Exception as exc:
             health = TargetHealth(runner.target, source, now, False, time.perf_counter() - start,
                                   0, f"probe run failed: {exc!r}")
-            await self._record(health)
+            health = await self._record(health)
             raise
         self.latest_probes[name] = results
         for result in results:
@@ -501,7 +573,7 @@ class Collector:
                     f"{last.error_message}"
         health = TargetHealth(runner.target, source, now, len(failed) < len(results),
                               time.perf_counter() - start, len(results), error)
-        await self._record(health)
+        health = await self._record(health)
         return results
 
     async def flush(self) -> int:
@@ -563,4 +635,10 @@ class Collector:
             log.warning("job %s missed its run time", event.job_id)
         else:
             self.metrics.job_failures.labels(job).inc()
-            log.error("job %s failed: %r", event.job_id, event.exception)
+            # The exception may quote a target's text; a job failing every interval writes
+            # one line per LOG_REPEAT_S.
+            suppressed = self._log_limiter.check(("job", event.job_id))
+            if suppressed is not None:
+                log.error("job %s failed: %s%s", event.job_id,
+                          log_safe(repr(event.exception), HEALTH_ERROR_MAX),
+                          self._log_limiter.note(suppressed))

@@ -45,6 +45,7 @@ from typing import Any
 from prometheus_client.parser import text_fd_to_metric_families
 
 from tritonwatch.schemas.samples import METRIC_TYPES, MetricFamily, Sample, make_labels
+from tritonwatch.schemas.untrusted import log_safe
 
 __all__ = [
     "MAX_LABELS",
@@ -130,11 +131,13 @@ class ParseError(ValueError):
     def __init__(self, reason: str, line_no: int = 0, line: str = "") -> None:
         if len(line) > _LINE_QUOTE_CHARS:
             line = line[:_LINE_QUOTE_CHARS] + "..."
-        self.reason = reason
+        # prometheus_client's messages quote the text they refused, raw and whole (a 64 KiB
+        # line, with its NUL, ESC and CR bytes): escaped and cut like the line.
+        self.reason = log_safe(reason, _LINE_QUOTE_CHARS)
         self.line_no = line_no
         self.line = line
         where = f"line {line_no}: " if line_no else ""
-        super().__init__(f"{where}{reason}: {line!r}")
+        super().__init__(f"{where}{self.reason}: {line!r}")
 
 
 # --------------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 from tritonwatch.collector.grpc_options import channel_args
 from tritonwatch.schemas.samples import MetricFamily, Sample, Snapshot, make_labels
 from tritonwatch.schemas.triton import ModelConfigInfo
+from tritonwatch.schemas.untrusted import log_safe
 
 log = logging.getLogger(__name__)
 
@@ -194,8 +195,8 @@ class TritonApi:
             except TritonApiError as exc:
                 # Unloaded between the index and now (or otherwise gone): skip this model,
                 # keep the reading of the others.
-                log.info("%s: no config for model %r, skipped: %s", self.target, name,
-                         exc.reason)
+                log.info("%s: no config for model %s, skipped: %s", self.target,
+                         log_safe(repr(name)), log_safe(exc.reason))
                 continue
             raw = dict(raw.get("config", raw))
             raw_configs[name] = raw

@@ -17,7 +17,7 @@ import re
 import unicodedata
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NamedTuple
 from urllib.parse import urlsplit
 
 import yaml
@@ -193,6 +193,16 @@ class TargetConfig(_Frozen):
     """Overrides ``scrape.timeout`` for this target; must not exceed the target's interval."""
     max_batch_size: dict[str, int] = Field(default_factory=dict)
     """Fill-rate denominators per model, for servers whose model-config API is unreachable."""
+    sample_limit: int | None = Field(default=None, ge=0)
+    """Overrides ``scrape.sample_limit`` for this target (0: no limit)."""
+    label_limit: int | None = Field(default=None, ge=0)
+    """Overrides ``scrape.label_limit`` for this target (0: no limit)."""
+    label_name_length_limit: int | None = Field(default=None, ge=0)
+    """Overrides ``scrape.label_name_length_limit`` for this target (0: no limit)."""
+    label_value_length_limit: int | None = Field(default=None, ge=0)
+    """Overrides ``scrape.label_value_length_limit`` for this target (0: no limit)."""
+    series_limit: int | None = Field(default=None, ge=0)
+    """Overrides ``scrape.series_limit`` for this target (0: no limit)."""
 
     @field_validator("max_batch_size")
     @classmethod
@@ -201,6 +211,16 @@ class TargetConfig(_Frozen):
             if size < 0:
                 raise ValueError(f"max_batch_size of {model!r} must be >= 0")
         return value
+
+
+class ScrapeLimits(NamedTuple):
+    """One target's limits, resolved (``Config.limits_for``); 0 means no limit."""
+
+    sample_limit: int
+    label_limit: int
+    label_name_length_limit: int
+    label_value_length_limit: int
+    series_limit: int
 
 
 class ScrapeConfig(_Frozen):
@@ -214,6 +234,27 @@ class ScrapeConfig(_Frozen):
     """How often the statistics and model-config APIs are read."""
     max_concurrency: int = Field(default=64, ge=1)
     """Scrapes in flight at once across all targets."""
+    # The limits below bound what one target can make the collector parse, keep and store.
+    # The defaults are an order of magnitude above a big TensorRT-LLM server (a few thousand
+    # series) and far below what takes the process's memory (1.38 M series did).
+    sample_limit: int = Field(default=50_000, ge=0)
+    """Most samples one scrape may hold.  A scrape over it fails as a whole, as Prometheus's
+    ``sample_limit`` does: ``up`` is 0, the target's health says ``sample limit exceeded
+    (N > limit)`` and nothing of that scrape is stored.  0: no limit."""
+    label_limit: int = Field(default=64, ge=0)
+    """Most labels on one sample (as the target exposes it; the configured target labels not
+    counted).  Over it, the scrape fails as a whole.  0: no limit."""
+    label_name_length_limit: int = Field(default=256, ge=0)
+    """Longest label name, in characters.  Over it, the scrape fails as a whole.  0: no
+    limit."""
+    label_value_length_limit: int = Field(default=4096, ge=0)
+    """Longest label value, in characters.  Over it, the scrape fails as a whole.  0: no
+    limit."""
+    series_limit: int = Field(default=100_000, ge=0)
+    """Most distinct series one target may have in the store (raw, derived, statistics API and
+    probe series, over time: series leave when retention empties them).  New series beyond it
+    are refused, counted (``tritonwatch_series_limit_refused_samples_total``) and warned about;
+    the target's existing series keep flowing.  0: no limit."""
 
     @model_validator(mode="after")
     def _timeout_within_interval(self) -> ScrapeConfig:
@@ -401,6 +442,22 @@ class Config(_Frozen):
 
     def interval_for(self, target: TargetConfig) -> float:
         return target.scrape_interval or self.scrape.interval
+
+    def limits_for(self, target: TargetConfig) -> ScrapeLimits:
+        """The target's own limits where it sets them, else those of ``scrape``."""
+        def pick(own: int | None, default: int) -> int:
+            return default if own is None else own
+
+        s = self.scrape
+        return ScrapeLimits(
+            sample_limit=pick(target.sample_limit, s.sample_limit),
+            label_limit=pick(target.label_limit, s.label_limit),
+            label_name_length_limit=pick(target.label_name_length_limit,
+                                         s.label_name_length_limit),
+            label_value_length_limit=pick(target.label_value_length_limit,
+                                          s.label_value_length_limit),
+            series_limit=pick(target.series_limit, s.series_limit),
+        )
 
     def timeout_for(self, target: TargetConfig) -> float:
         """The target's own ``scrape_timeout`` (validated: at most its interval), else

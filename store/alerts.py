@@ -30,6 +30,7 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from tritonwatch.schemas import tables as t
 from tritonwatch.schemas.alerts import AlertEvent, AlertState, AlertStatus, EventStatus
 from tritonwatch.schemas.samples import Labels, labels_json, make_labels
+from tritonwatch.schemas.untrusted import db_text
 from tritonwatch.store.engine import transaction
 from tritonwatch.store.errors import StoreError
 from tritonwatch.store.store import Store
@@ -236,6 +237,7 @@ def _event_row(e: AlertEvent) -> dict[str, Any]:
         "status": e.status,
         "starts_at": _ms(e.starts_at),
         "ends_at": _ms_or_none(e.ends_at),
-        "source": e.source,
-        "group_key": e.group_key,
+        # Both may come from a webhook's sender: storable on PostgreSQL whatever they hold.
+        "source": db_text(e.source),
+        "group_key": db_text(e.group_key),
     }

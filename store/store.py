@@ -28,7 +28,7 @@ import sqlite3
 import threading
 import time
 from collections import deque
-from collections.abc import Container, Iterable, Iterator, Mapping
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping
 from contextlib import closing, contextmanager
 from operator import itemgetter
 from types import TracebackType
@@ -42,12 +42,15 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from tritonwatch.schemas import tables as t
 from tritonwatch.schemas.probes import ProbeResult
 from tritonwatch.schemas.samples import Labels, Sample, TargetHealth
+from tritonwatch.schemas.untrusted import db_text
 from tritonwatch.store import maintenance, migrate, query, samplelog
 from tritonwatch.store.chunks import sort_keep_last
 from tritonwatch.store.engine import build_engine, parse_url, redact, transaction
 from tritonwatch.store.errors import QueryError, StoreError
 from tritonwatch.store.values import SeriesColumns, SeriesData, SeriesKey
 from tritonwatch.store.write import (
+    REFUSED,
+    UNRESOLVED,
     Layout,
     SeriesKeyTuple,
     dialect_insert,
@@ -56,6 +59,7 @@ from tritonwatch.store.write import (
     resolve_series,
     sample_columns,
     target_groups,
+    within_series_limits,
 )
 
 log = logging.getLogger(__name__)
@@ -84,6 +88,10 @@ _PG_LOCK_SCHEMA = 0x7477_0000
 # One buffered scrape, column-wise: (target, ts_ms, sample names, label tuples, values, how
 # many values are NaN).
 _Chunk = tuple[str, int, list[str], list[Labels], np.ndarray[Any, np.dtype[np.float64]], int]
+
+#: Told, after a flush that dropped samples of series a target's series limit refused:
+#: ``(target, series refused, samples dropped)``.  Called in the flushing thread.
+SeriesRefused = Callable[[str, int, int], None]
 
 _NAME = itemgetter(0)
 _LABELS = itemgetter(1)
@@ -122,6 +130,8 @@ class Store:
         self._probe_rows: list[dict[str, Any]] = []  # guarded by _lock, flushed with samples
         self._health_rows: list[TargetHealth] = []  # guarded by _lock, flushed with samples
         self._health_up: dict[tuple[str, str], bool] | None = None  # stored up, per source
+        self._series_limits: dict[str, int] = {}  # guarded by _flush_lock
+        self._on_refused: SeriesRefused | None = None
 
     def __repr__(self) -> str:
         return f"Store({self.url_redacted!r})"
@@ -252,6 +262,23 @@ class Store:
             self._auto_flush()
         return n - nan
 
+    def limit_series(
+        self, limits: Mapping[str, int], on_refused: SeriesRefused | None = None
+    ) -> None:
+        """Cap the distinct series each target of ``limits`` may have in the store.
+
+        A flush creates no series that would take a target past its limit: the samples of
+        those series are dropped (``on_refused`` is told how many), the target's existing
+        series keep being written.  A refused series is asked about again when its target's
+        layout is resolved again (every ``SERIES_CACHE_TTL_S``, or after retention removed
+        series), so room freed by retention is taken up.  Targets not in ``limits``, and
+        limits of 0, are not capped.  Replaces any earlier limits.
+        """
+        with self._flush_lock:
+            self._series_limits = {target: n for target, n in limits.items() if n > 0}
+            self._on_refused = on_refused
+            self._layouts.clear()  # resolved under the old limits
+
     def flush(self) -> int:
         """Write everything buffered; returns the number of samples written.
 
@@ -327,7 +354,7 @@ class Store:
             )
             if lay.unresolved:
                 # Series are created for values only: one that has only ever been NaN has none.
-                need = lay.ids < 0
+                need = lay.ids == UNRESOLVED
                 if nan:
                     need &= ~np.isnan(values)
                 if need.any():
@@ -343,6 +370,7 @@ class Store:
         if stale:
             self._resolve_layouts(list(stale.values()))
         layouts.update(current)
+        refusals = self._refusals(work)
         if not sum(len(values) - nan for _, _, values, nan in work):
             return 0
         # 2. Per target, three columns: each series' samples together, in time order, encoded
@@ -381,7 +409,26 @@ class Store:
             # up before raw retention may delete them.
             if lowest is not None:
                 maintenance.rewind_watermarks(conn, lowest)
+        if refusals and self._on_refused is not None:
+            for target, (series, samples) in refusals.items():
+                self._on_refused(target, series, samples)
         return written
+
+    @staticmethod
+    def _refusals(
+        work: list[tuple[Layout, int, np.ndarray[Any, np.dtype[np.float64]], int]],
+    ) -> dict[str, tuple[int, int]]:
+        """Per target whose series limit refused series: (series refused, samples dropped)."""
+        out: dict[str, tuple[int, int]] = {}
+        for lay, _, values, nan in work:
+            if not lay.refused:
+                continue
+            refused = lay.ids == REFUSED
+            if nan:
+                refused &= ~np.isnan(values)
+            series, samples = out.get(lay.target, (0, 0))
+            out[lay.target] = (max(series, lay.refused), samples + int(refused.sum()))
+        return out
 
     @staticmethod
     def _columns(
@@ -393,10 +440,25 @@ class Store:
         if columns is None:
             return Store._sorted_columns(work)
         sids, tss, vals = columns
-        if any(w[3] for w in work):
-            keep = ~np.isnan(vals)
-            sids, tss, vals = sids[keep], tss[keep], vals[keep]
-        return sids, tss, vals
+        return Store._dropped(work, sids, tss, vals)
+
+    @staticmethod
+    def _dropped(
+        work: list[tuple[Layout, int, np.ndarray[Any, np.dtype[np.float64]], int]],
+        sids: np.ndarray[Any, np.dtype[np.int64]],
+        tss: np.ndarray[Any, np.dtype[np.int64]],
+        vals: np.ndarray[Any, np.dtype[np.float64]],
+    ) -> tuple[np.ndarray[Any, np.dtype[np.int64]], np.ndarray[Any, np.dtype[np.int64]],
+               np.ndarray[Any, np.dtype[np.float64]]]:
+        """The columns without NaN samples and samples of refused series (no id)."""
+        nan = any(w[3] for w in work)
+        refused = any(w[0].refused for w in work)
+        if not (nan or refused):
+            return sids, tss, vals
+        keep = ~np.isnan(vals) if nan else sids >= 0
+        if nan and refused:
+            keep &= sids >= 0
+        return sids[keep], tss[keep], vals[keep]
 
     @staticmethod
     def _sorted_columns(
@@ -410,9 +472,7 @@ class Store:
             [len(lay.ids) for lay, _, _, _ in work],
         )
         vals = np.concatenate([w[2] for w in work])
-        if any(w[3] for w in work):
-            keep = ~np.isnan(vals)
-            sids, tss, vals = sids[keep], tss[keep], vals[keep]
+        sids, tss, vals = Store._dropped(work, sids, tss, vals)
         # Key order makes the inserts sequential in the (series_id, ts) B-tree; of two samples
         # with the same key (a series listed twice, or two label orders of one series) the one
         # written last is kept.
@@ -451,10 +511,12 @@ class Store:
         resolved: dict[SeriesKeyTuple, int] = {}
         for lo in range(0, len(ordered), RESOLVE_SLICE):
             with transaction(self._engine, write=True) as conn:
-                ids = resolve_series(
-                    conn, ordered[lo : lo + RESOLVE_SLICE], now_ms=round(time.time() * 1000)
+                allowed, refused = within_series_limits(
+                    conn, ordered[lo : lo + RESOLVE_SLICE], limits=self._series_limits
                 )
+                ids = resolve_series(conn, allowed, now_ms=round(time.time() * 1000))
             resolved.update(ids)  # only once committed
+            resolved.update(dict.fromkeys(refused, REFUSED))
         return resolved
 
     def _expire_layouts(self, now: float) -> None:
@@ -933,10 +995,15 @@ def _window(start: float, end: float) -> tuple[int, int]:
 _HEALTH_UPDATED = ("ts", "up", "duration_s", "samples", "error")
 
 
+# Texts a target or a model server wrote (error messages, codes) go through ``db_text``: one
+# NUL byte in them made PostgreSQL refuse the whole health transaction, every flush, so every
+# target's health froze.  Names come from the validated configuration.
+
+
 def _health_row(h: TargetHealth) -> dict[str, Any]:
     return {
         "target": h.target, "source": h.source, "ts": round(h.ts * 1000), "up": h.up,
-        "duration_s": h.duration_s, "samples": h.samples, "error": h.error,
+        "duration_s": h.duration_s, "samples": h.samples, "error": db_text(h.error),
     }
 
 
@@ -945,6 +1012,6 @@ def _probe_row(r: ProbeResult) -> dict[str, Any]:
         "probe": r.probe, "target": r.target, "model": r.model, "protocol": r.protocol,
         "ts": round(r.ts * 1000), "ok": r.ok, "tokens": r.tokens, "ttft_s": r.ttft_s,
         "itl_s": r.itl_s, "tpot_s": r.tpot_s, "e2e_s": r.e2e_s, "tokens_per_s": r.tokens_per_s,
-        "error_kind": r.error_kind, "error_code": r.error_code,
-        "error_message": r.error_message, "request_id": r.request_id,
+        "error_kind": r.error_kind, "error_code": db_text(r.error_code, 200),
+        "error_message": db_text(r.error_message), "request_id": db_text(r.request_id, 200),
     }

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from itertools import repeat
+from itertools import groupby, repeat
+from operator import itemgetter
 from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
-from sqlalchemy import Connection, Table
+from sqlalchemy import Connection, Table, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 
 from tritonwatch.schemas import tables as t
@@ -21,6 +22,12 @@ from tritonwatch.schemas.samples import Labels, labels_json
 from tritonwatch.store.chunks import Encoded
 
 SeriesKeyTuple = tuple[str, str, Labels]  # (target, name, labels): the series cache key
+
+#: A layout position whose series has no id yet (never resolved, or only ever NaN).
+UNRESOLVED = -1
+#: A layout position whose series the target's series limit refused: its samples are dropped,
+#: and it is not resolved again until the layout is (``SERIES_CACHE_TTL_S``, retention).
+REFUSED = -2
 
 #: Arbitrary constant key for pg_advisory_xact_lock: serialises rollups, compaction and
 #: retention of concurrent processes; flushes take it in shared mode.
@@ -67,6 +74,53 @@ def resolve_series(
     return {key: by_text[(key[0], key[1], text)] for key, text in zip(ordered, texts, strict=True)}
 
 
+def within_series_limits(
+    conn: Connection, keys: Sequence[SeriesKeyTuple], *, limits: Mapping[str, int]
+) -> tuple[list[SeriesKeyTuple], list[SeriesKeyTuple]]:
+    """``keys`` split into those :func:`resolve_series` may resolve and those it must not: new
+    series that would take a target in ``limits`` past its number of series in the store.
+
+    ``keys`` are sorted (each target's together).  Targets whose stored series plus every key
+    asked for fit their limits cost one ``count`` query for all of them; only a target at its
+    limit reads its stored series (about ``limit`` rows) to tell the existing ones, which are
+    always allowed, from the new ones, which get what room is left, in key order.
+    """
+    limited = sorted({k[0] for k in keys if k[0] in limits})
+    if not limited:
+        return list(keys), []
+    sr = t.series
+    counts: dict[str, int] = {
+        row[0]: int(row[1])
+        for row in conn.execute(
+            select(sr.c.target, func.count()).where(sr.c.target.in_(limited))
+            .group_by(sr.c.target)
+        )
+    }
+    allowed: list[SeriesKeyTuple] = []
+    refused: list[SeriesKeyTuple] = []
+    for target, group in groupby(keys, key=itemgetter(0)):
+        tkeys = list(group)
+        limit = limits.get(target)
+        stored = counts.get(target, 0)
+        if limit is None or stored + len(tkeys) <= limit:
+            allowed += tkeys
+            continue
+        existing = {
+            (row[0], row[1])
+            for row in conn.execute(select(sr.c.name, sr.c.labels).where(sr.c.target == target))
+        }
+        room = limit - stored
+        for key in tkeys:
+            if (key[1], labels_json(key[2])) in existing:
+                allowed.append(key)
+            elif room > 0:
+                allowed.append(key)
+                room -= 1
+            else:
+                refused.append(key)
+    return allowed, refused
+
+
 class Layout:
     """The series of one target's scrape, in the order the scrape lists them, with their ids.
 
@@ -84,7 +138,8 @@ class Layout:
     ``born`` is when the oldest of its ids was resolved (monotonic seconds).
     """
 
-    __slots__ = ("_names", "_order", "born", "ids", "labels", "names", "target", "unresolved")
+    __slots__ = ("_names", "_order", "born", "ids", "labels", "names", "refused", "target",
+                 "unresolved")
 
     BLOCK = 256
     ids: npt.NDArray[np.int64]
@@ -118,16 +173,21 @@ class Layout:
             ):
                 ids[lo:hi] = prev_ids[lo:hi]
             elif prev is None:
-                ids[lo:hi] = -1
+                ids[lo:hi] = UNRESOLVED
             else:
                 if index is None:
                     index = dict(zip(zip(prev.names, prev.labels, strict=True),
                                      prev.ids.tolist(), strict=True))
                 keys = zip(names[lo:hi], labels[lo:hi], strict=True)
-                ids[lo:hi] = np.fromiter(map(index.get, keys, repeat(-1)), np.int64, hi - lo)
+                ids[lo:hi] = np.fromiter(
+                    map(index.get, keys, repeat(UNRESOLVED)), np.int64, hi - lo
+                )
         self.ids = ids
-        #: Positions without an id yet (-1): series only ever seen as NaN, or not created yet.
-        self.unresolved = int(np.count_nonzero(ids < 0))
+        #: Positions without an id yet (UNRESOLVED): series only ever seen as NaN, or not
+        #: created yet; and positions the series limit refused (REFUSED, never resolved again
+        #: by this layout).
+        self.unresolved = int(np.count_nonzero(ids == UNRESOLVED))
+        self.refused = int(np.count_nonzero(ids == REFUSED))
         self._order: npt.NDArray[np.int64] | None = None
         self._names: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], list[str]] | None = None
 
@@ -143,11 +203,13 @@ class Layout:
 
     def fill(self, resolved: Mapping[SeriesKeyTuple, int]) -> None:
         """Take the ids still missing from ``resolved``."""
-        holes = np.flatnonzero(self.ids < 0)
+        holes = np.flatnonzero(self.ids == UNRESOLVED)
         self.ids[holes] = np.fromiter(
-            map(resolved.get, self.keys_at(holes.tolist()), repeat(-1)), np.int64, len(holes)
+            map(resolved.get, self.keys_at(holes.tolist()), repeat(UNRESOLVED)), np.int64,
+            len(holes),
         )
-        self.unresolved = int(np.count_nonzero(self.ids < 0))
+        self.unresolved = int(np.count_nonzero(self.ids == UNRESOLVED))
+        self.refused = int(np.count_nonzero(self.ids == REFUSED))
         self._order = None
         self._names = None
 

@@ -294,6 +294,33 @@ def test_shape_holding_stats_families_owns_both_sources():
     pair.scrape(shape, v1 * 3, 40.0)
 
 
+_SIGNED = (
+    'nv_inference_request_success{{model="a",version="1"}} {v}\n'
+    'nv_inference_request_failure{{model="a",version="1",reason="BACKEND"}} {v}\n'
+    'nv_inference_count{{model="a",version="1"}} {v}\n'
+    'nv_inference_exec_count{{model="a",version="1"}} {v}\n'
+    'nv_inference_pending_request_count{{model="a",version="1"}} {g}\n'
+    'nv_energy_consumption{{gpu_uuid="G0"}} {v}\n'
+)
+
+
+def test_counters_below_zero_are_skipped_alike_and_no_rate_goes_negative():
+    pair = Pair()
+    shape: Shape | None = None
+    ts = 1000.0
+    pending = []
+    for v in [100, 140, -20, -60, 30, 70, 10, -5, 0, 20]:
+        shape, values = parse_columns(_SIGNED.format(v=v, g=-v), shape)
+        out = pair.scrape(shape, values, ts)
+        bad = [s for s in out if s.name.endswith(("_rate", "_joules")) and s.value < 0]
+        assert not bad, bad
+        pending += [s.value for s in out if s.name == "sli:pending_requests"]
+        ts += 10.0
+    assert pair.outputs > 0
+    # Gauges may be below zero: they are passed on as they are.
+    assert pending == [-v for v in [100, 140, -20, -60, 30, 70, 10, -5, 0, 20]]
+
+
 def test_duplicated_series_count_once_even_when_the_first_is_not_finite():
     labels = {"model": "resnet", "version": "1"}
 

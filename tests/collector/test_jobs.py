@@ -479,7 +479,8 @@ def test_a_huge_slow_path_body_does_not_delay_other_targets(fake_targets, huge_t
     assert time.perf_counter() - start > 0.3  # long enough to matter on the event loop
     targets = [
         {"name": "good", "metrics_url": fake_targets.url("/ok")},
-        {"name": "huge", "metrics_url": huge_target.url("/ok")},
+        # 60,000 samples: past the default sample_limit (50,000), which would refuse it.
+        {"name": "huge", "metrics_url": huge_target.url("/ok"), "sample_limit": 100_000},
     ]
     config = make_config(targets, interval="1s", timeout="1s")
     metrics = SelfMetrics()
