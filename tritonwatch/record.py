@@ -97,14 +97,17 @@ async def record(
     console: Console | None = None,
     clock: Callable[[], float] = time.time,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    written: list[Path] | None = None,
 ) -> list[Path]:
     """Record; returns the ``.prom`` files written, oldest first.  ``clock`` and ``sleep`` are
-    injectable so tests can run a recording in simulated time."""
+    injectable so tests can run a recording in simulated time.  ``written``, when given, is
+    that same list, filled as each file is saved: a caller that interrupts the recording
+    (Ctrl-C) still knows what it kept."""
     count = scrape_count(every, duration)
     timeout = min(timeout, max(every, 1.0))
     out.mkdir(parents=True, exist_ok=True)
     base = api_base(stats_url) if stats_url else None
-    written: list[Path] = []
+    written = [] if written is None else written
     console = console or Console(stderr=True)
     progress = Progress(
         TextColumn("recording {task.fields[url]}"), BarColumn(), MofNCompleteColumn(),

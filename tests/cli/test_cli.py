@@ -43,7 +43,7 @@ def test_check_config_prints_every_error_with_its_key_path(tmp_path):
         "scrape: {timeout: 1m}\n"
     )
     proc = run("check-config", str(path), check=False)
-    assert proc.returncode == 1
+    assert proc.returncode == 2
     assert "3 error(s)" in proc.stderr
     assert "targets[0].metrics_url: 'ftp://h' is not an http(s) URL" in proc.stderr
     assert "targets[1].scrape_interval: invalid duration 'often'" in proc.stderr
@@ -119,7 +119,7 @@ def test_check_config_refuses_a_sqlite_url_without_a_file(tmp_path):
     path = tmp_path / "mem.yaml"
     path.write_text("store: {url: 'sqlite://'}\n")
     proc = run("check-config", str(path), check=False)
-    assert proc.returncode == 1
+    assert proc.returncode == 2
     assert "store.url: names no database file" in proc.stderr
 
 
