@@ -4,8 +4,8 @@ One snapshot lists families, series counts and the SLIs a single reading gives (
 KV-cache, GPU, pending requests).  Two snapshots (two files, or one URL read twice
 ``--seconds`` apart) add the per-model rates and ratios (request rate, batch fill rate, queue
 time, ...).  Fill rate needs ``max_batch_size``: it is read from the live server's model-config
-API (``--http-url``, or for a URL source the same host's port 8000, then the URL's own origin,
-as behind a proxy that serves both), or given as ``--max-batch-size MODEL=N``.  When it cannot
+API (``--http-url``, or for a URL source the URL's own origin, as behind a proxy that serves
+both, then the same host's port 8000), or given as ``--max-batch-size MODEL=N``.  When it cannot
 be read, ``config_error`` says which URLs were tried and why each failed, and the table keeps
 its fill column with ``?`` instead of dropping it.
 
@@ -54,18 +54,17 @@ TRITON_HTTP_PORT = 8000
 
 
 def guess_http_urls(metrics_url: str) -> list[str]:
-    """Where Triton's HTTP API may be, given its /metrics URL: the same host on port 8000
-    (Triton's default), then the URL's own origin (a proxy serving both).  Never assumes the
-    metrics port is 8002."""
+    """Where Triton's HTTP API may be, given its /metrics URL: the URL's own origin (a proxy
+    serving both; and surely the same server if it answers), then the same host on port 8000
+    (Triton's default).  Never assumes the metrics port is 8002."""
     parts = urlsplit(metrics_url)
     if not parts.hostname:
         return []
     host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
-    candidates = [urlunsplit((parts.scheme, f"{host}:{TRITON_HTTP_PORT}", "", "", ""))]
     port = parts.port or (443 if parts.scheme == "https" else 80)
-    origin = urlunsplit((parts.scheme, f"{host}:{port}", "", "", ""))
+    candidates = [urlunsplit((parts.scheme, f"{host}:{port}", "", "", ""))]
     if port != TRITON_HTTP_PORT:
-        candidates.append(origin)
+        candidates.append(urlunsplit((parts.scheme, f"{host}:{TRITON_HTTP_PORT}", "", "", "")))
     return candidates
 
 
