@@ -31,6 +31,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tritonwatch.collector.scrape import ScrapeError, fetch_metrics, make_client, redact_url
+from tritonwatch.render import make_console
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +109,7 @@ async def record(
     out.mkdir(parents=True, exist_ok=True)
     base = api_base(stats_url) if stats_url else None
     written = [] if written is None else written
-    console = console or Console(stderr=True)
+    console = console or make_console(stderr=True)  # a pipe or a log file: lines not wrapped
     progress = Progress(
         TextColumn("recording {task.fields[url]}"), BarColumn(), MofNCompleteColumn(),
         TextColumn("{task.fields[failed]} failed"), TimeElapsedColumn(),
