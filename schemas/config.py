@@ -439,6 +439,10 @@ def validate_config(
         data = {}
     if not isinstance(data, Mapping):
         raise ConfigError(source, [f"(top level): expected a mapping, got {type(data).__name__}"])
+    # Bounded (and free of cycles) before anything else walks it; again once expanded.
+    size_errors = configfile.size_errors(data)
+    if size_errors:
+        raise ConfigError(source, size_errors)
     data, env_errors, env_used = configfile.expand_env(data, environ)
     size_errors = configfile.size_errors(data)
     if env_errors or size_errors:
@@ -515,6 +519,11 @@ def read_yaml(path: str | Path) -> Any:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(source, [_yaml_error(exc)]) from None
+    except RecursionError:  # PyYAML parses nested collections recursively
+        raise ConfigError(source, [
+            f"invalid YAML: collections nested too deeply (at most {configfile.MAX_DEPTH} "
+            "levels are allowed)"
+        ]) from None
     # A billion-laughs guard for every YAML file read (free-form bounds are the config's).
     errors = configfile.size_errors(data, free_form=())
     if errors:

@@ -34,6 +34,8 @@ MAX_EXPANDED_BYTES = 16 * 1024 * 1024
 MAX_FREE_FORM_BYTES = 64 * 1024
 #: A configuration file larger than this is refused before it is parsed.
 MAX_FILE_BYTES = 8 * 1024 * 1024
+#: Nesting depth of any value (a real config nests 5 levels; every walk here is recursive).
+MAX_DEPTH = 64
 
 # Free-form values: (path as a tuple of keys, "*" for any list index).  Validation accepts
 # anything there, so only this bound keeps them small.
@@ -64,13 +66,14 @@ def key_path(parts: Iterable[str | int]) -> str:
 
 
 class RecursiveValue(ValueError):
-    """A value contains itself (a YAML alias to one of its own parents)."""
+    """A value contains itself (a YAML alias to one of its own parents), or nests deeper than
+    :data:`MAX_DEPTH`."""
 
-    def __init__(self, path: tuple[str | int, ...]) -> None:
-        super().__init__(
-            f"{key_path(path)}: refers to itself (a YAML alias to one of its own parents); "
-            "recursive values are not allowed"
-        )
+    def __init__(self, path: tuple[str | int, ...], message: str | None = None) -> None:
+        super().__init__(f"{key_path(path)}: " + (message or (
+            "refers to itself (a YAML alias to one of its own parents); recursive values are "
+            "not allowed"
+        )))
         self.path = path
 
 
@@ -84,7 +87,8 @@ def expanded_size(
     of *distinct* objects (each container is measured once, then looked up).
 
     ``visit(path, size)`` is called for each container the first time it is measured.
-    Raises :class:`RecursiveValue` for a value that contains itself.
+    Raises :class:`RecursiveValue` for a value that contains itself or nests deeper than
+    :data:`MAX_DEPTH`.
     """
     memo = {} if memo is None else memo
     active: set[int] = set()
@@ -101,6 +105,8 @@ def expanded_size(
             return memo[key]
         if key in active:
             raise RecursiveValue(where)
+        if len(where) - len(path) >= MAX_DEPTH:
+            raise RecursiveValue(where, f"nested more than {MAX_DEPTH} levels deep")
         active.add(key)
         if isinstance(obj, Mapping):
             size = 2 + sum(

@@ -429,3 +429,17 @@ def test_non_utf8_and_oversized_files_are_refused(tmp_path):
     huge.write_bytes(b"#" * (configfile.MAX_FILE_BYTES + 1))
     with pytest.raises(ConfigError, match="larger than 8 MiB"):
         load_config(huge)
+
+
+def test_nesting_is_bounded_before_anything_recurses_into_it(tmp_path):
+    from tritonwatch.schemas import configfile
+
+    deep: list[object] = []
+    for _ in range(configfile.MAX_DEPTH + 1):
+        deep = [deep]
+    with pytest.raises(ConfigError, match=r"nested more than 64 levels deep"):
+        validate_config({"targets": deep})
+    path = tmp_path / "deep.yaml"  # deeper than PyYAML's own recursion can parse
+    path.write_text("targets: " + "[" * 3000 + "]" * 3000 + "\n")
+    with pytest.raises(ConfigError, match="nested too deeply"):
+        load_config(path)
