@@ -116,9 +116,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     problem = listen_problem(listen)
     if problem is not None:
         where = "--listen" if args.listen else "api.listen"
-        _err(f"serve: cannot listen on {listen} ({where}): {problem}; stop the process using "
-             "it or choose another address with --listen HOST:PORT (or api.listen in the "
-             "config)")
+        stop = "stop the process using it or " if "in use" in problem else ""
+        _err(f"serve: cannot listen on {listen} ({where}): {problem}; {stop}choose another "
+             "address with --listen HOST:PORT (or api.listen in the config)")
         return EXIT_FAILURE
     tune_malloc()
     tune_gc()
@@ -192,6 +192,16 @@ def cmd_probe(args: argparse.Namespace) -> int:
     from tritonwatch.probe_cmd import run
 
     return run(args)
+
+
+def _listen(value: str) -> str:
+    """``--listen HOST:PORT``, checked as ``api.listen`` is (a bad one is a usage error)."""
+    from tritonwatch.schemas.config import _grpc_address
+
+    try:
+        return _grpc_address(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _duration(value: str) -> float:
@@ -341,7 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("serve", help="run the collector, store jobs and API until SIGTERM")
     p.add_argument("--config", help="YAML config file (default: embedded defaults)")
-    p.add_argument("--listen", help="HOST:PORT for the API (default: api.listen)")
+    p.add_argument("--listen", type=_listen, help="HOST:PORT for the API (default: api.listen)")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("check-config", help="validate a config file, print every error")
