@@ -32,6 +32,7 @@ from tritonwatch.schemas.config import (
     ByteSize,
     HttpUrl,
     PositiveDuration,
+    SecretHttpUrl,
     _Frozen,
 )
 
@@ -48,7 +49,7 @@ def _real_secret(value: str) -> str:
 class WebhookConfig(_Frozen):
     """A generic webhook that receives Alertmanager's version-4 payload from us directly."""
 
-    url: HttpUrl = Field(repr=False)
+    url: SecretHttpUrl = Field(repr=False)
     """Where the JSON is POSTed.  Treated as a secret (chat webhooks carry tokens in the path):
     logs and errors show only scheme and host."""
     headers: dict[str, str] = Field(default_factory=dict, repr=False)

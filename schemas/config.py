@@ -35,6 +35,8 @@ from pydantic import (
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
+from tritonwatch.schemas import configfile
+from tritonwatch.schemas.configfile import redact_url_text
 from tritonwatch.schemas.nvml import NvmlConfig
 from tritonwatch.schemas.probes import ProbeConfig
 
@@ -113,10 +115,25 @@ PositiveDuration = Annotated[
 ByteSize = Annotated[int, BeforeValidator(parse_size), AfterValidator(_positive)]
 
 
+def _is_http_url(value: str) -> bool:
+    try:
+        parts = urlsplit(value)
+    except ValueError:  # e.g. an unbalanced "[" in the host
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.netloc)
+
+
 def _http_url(value: str) -> str:
-    parts = urlsplit(value)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ValueError(f"{value!r} is not an http(s) URL")
+    # Quoted with its userinfo and query masked: they carry passwords and tokens.
+    if not _is_http_url(value):
+        raise ValueError(f"{redact_url_text(value)!r} is not an http(s) URL")
+    return value
+
+
+def _secret_http_url(value: str) -> str:
+    # A webhook URL is a secret as a whole (chat webhooks carry the token in the path).
+    if not _is_http_url(value):
+        raise ValueError("is not an http(s) URL (value not shown: this URL is a secret)")
     return value
 
 
@@ -124,9 +141,9 @@ def _grpc_address(value: str) -> str:
     # tritonclient.grpc wants host:port without a scheme.
     host, sep, port = value.rpartition(":")
     if not sep or not host or not port.isdigit():
-        raise ValueError(f"{value!r} is not host:port")
+        raise ValueError(f"{redact_url_text(value)!r} is not host:port")
     if not 1 <= int(port) <= 65535:
-        raise ValueError(f"{value!r}: port {int(port)} is outside 1-65535")
+        raise ValueError(f"{redact_url_text(value)!r}: port {int(port)} is outside 1-65535")
     return value
 
 
@@ -158,6 +175,8 @@ def check_headers(headers: dict[str, str]) -> dict[str, str]:
 
 
 HttpUrl = Annotated[str, AfterValidator(_http_url)]
+#: An http(s) URL that is a secret as a whole: errors never quote it.
+SecretHttpUrl = Annotated[str, AfterValidator(_secret_http_url)]
 GrpcAddress = Annotated[str, AfterValidator(_grpc_address)]
 Headers = Annotated[dict[str, str], AfterValidator(check_headers)]
 
@@ -489,16 +508,34 @@ def _key_path(loc: tuple[int | str, ...]) -> str:
 API_TOKEN_ENV = "TRITONWATCH_API_TOKEN"
 
 
-def validate_config(data: Any, source: str = "<config>") -> Config:
-    """Validate parsed YAML.  ``TRITONWATCH_API_TOKEN``, when set and non-empty, sets
-    ``api.token`` and wins over the file's value (deployments inject the secret that way)."""
+def validate_config(
+    data: Any, source: str = "<config>", environ: Mapping[str, str] | None = None
+) -> Config:
+    """Validate parsed YAML.
+
+    First ``${VAR}`` references in string values are expanded from ``environ`` (default
+    ``os.environ``; see schemas/configfile.py), and the expanded size of the whole document
+    and of each free-form value is bounded.  ``TRITONWATCH_API_TOKEN``, when set and
+    non-empty, sets ``api.token`` and wins over the file's value (deployments inject the
+    secret that way).  Error lines never quote a secret (see :func:`configfile.redact_text`).
+    """
+    environ = os.environ if environ is None else environ
     if data is None:
         data = {}
     if not isinstance(data, Mapping):
         raise ConfigError(source, [f"(top level): expected a mapping, got {type(data).__name__}"])
-    data = dict(data)
-    token = os.environ.get(API_TOKEN_ENV)
+    # Bounded (and free of cycles) before anything else walks it; again once expanded.
+    size_errors = configfile.size_errors(data)
+    if size_errors:
+        raise ConfigError(source, size_errors)
+    data, env_errors, env_used = configfile.expand_env(data, environ)
+    size_errors = configfile.size_errors(data)
+    if env_errors or size_errors:
+        raise ConfigError(source, size_errors + env_errors)
+    secrets = configfile.secret_strings(data) | {v for v in env_used.values() if len(v) >= 4}
+    token = environ.get(API_TOKEN_ENV)
     if token:
+        secrets.add(token)
         api = data.get("api")
         # Anything but a mapping is left for validation to report.
         if api is None or isinstance(api, Mapping):
@@ -506,7 +543,10 @@ def validate_config(data: Any, source: str = "<config>") -> Config:
     try:
         return Config.model_validate(data)
     except ValidationError as exc:
-        lines = [_KEYED_TOP_LEVEL_RE.sub("", line) for line in error_lines(exc)]
+        lines = [
+            configfile.redact_text(_KEYED_TOP_LEVEL_RE.sub("", line), secrets)
+            for line in error_lines(exc)
+        ]
         if token:
             lines = [
                 f"{line} (from {API_TOKEN_ENV})" if line.startswith("api.token:") else line
@@ -538,19 +578,56 @@ def load_config(path: str | Path | None) -> Config:
 
 
 def read_yaml(path: str | Path) -> Any:
-    """The parsed YAML of ``path``; unreadable files and bad YAML raise ``ConfigError``."""
+    """The parsed YAML of ``path``; unreadable, oversized, non-UTF-8 files, bad YAML and
+    documents whose aliases expand past ``configfile.MAX_EXPANDED_BYTES`` raise
+    ``ConfigError``.  No message quotes the file's text: it may hold a secret."""
     source = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        with open(path, "rb") as file:
+            raw = file.read(configfile.MAX_FILE_BYTES + 1)
     except OSError as exc:
         raise ConfigError(source, [f"cannot read file: {exc.strerror or exc}"]) from None
+    if len(raw) > configfile.MAX_FILE_BYTES:
+        raise ConfigError(source, [
+            f"file is larger than {configfile.MAX_FILE_BYTES >> 20} MiB; a configuration "
+            "file is never that big (is this the right file?)"
+        ])
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise ConfigError(source, [
+            f"line {line}: not UTF-8 text (byte 0x{raw[exc.start]:02X} at offset {exc.start}); "
+            "save the file as UTF-8"
+        ]) from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        raise ConfigError(source, [f"{where}invalid YAML: {exc}"]) from None
+        raise ConfigError(source, [_yaml_error(exc)]) from None
+    except RecursionError:  # PyYAML parses nested collections recursively
+        raise ConfigError(source, [
+            f"invalid YAML: collections nested too deeply (at most {configfile.MAX_DEPTH} "
+            "levels are allowed)"
+        ]) from None
+    # A billion-laughs guard for every YAML file read (free-form bounds are the config's).
+    errors = configfile.size_errors(data, free_form=())
+    if errors:
+        raise ConfigError(source, errors)
     return data
+
+
+def _yaml_error(exc: yaml.YAMLError) -> str:
+    """``line L, column C: invalid YAML: <problem>``: PyYAML's own text would quote the
+    offending line, which may hold a token."""
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+    problem = getattr(exc, "problem", None)
+    context = getattr(exc, "context", None)
+    if isinstance(exc, yaml.MarkedYAMLError) and problem:
+        what = f"{problem} ({context})" if context else str(problem)
+    else:
+        what = type(exc).__name__
+    return f"{where}invalid YAML: {what}"
 
 
 # schemas.alerting builds on this module's types, so it is imported last, as a module: that

@@ -308,3 +308,138 @@ def test_a_placeholder_token_from_the_environment_says_where_it_came_from(monkey
         validate_config({"api": {"token": "the-file-token-of-32-characters!"}})
     (line,) = info.value.errors
     assert line.startswith("api.token: is a placeholder") and "TRITONWATCH_API_TOKEN" in line
+
+
+# --- secrets, size bounds and ${VAR} (schemas/configfile.py) --------------------------------
+
+def test_url_errors_mask_userinfo_and_query_and_webhook_urls_entirely():
+    data = {
+        "targets": [{"name": "a", "metrics_url": "htps://admin:Pw1@h:8002/m?token=QTok123#frag",
+                     "grpc_url": "user:GrpcPw@h:99999"}],
+        "alerting": {"webhooks": [{"url": "htps://hooks.example/services/HookTok"}]},
+    }
+    with pytest.raises(ConfigError) as info:
+        validate_config(data)
+    joined = "\n".join(info.value.errors)
+    assert ("targets[0].metrics_url: 'htps://<redacted>@h:8002/m?<redacted>#<redacted>' is not "
+            "an http(s) URL") in info.value.errors
+    assert "alerting.webhooks[0].url: is not an http(s) URL (value not shown" in joined
+    for secret in ("Pw1", "QTok123", "frag", "GrpcPw", "HookTok", "hooks.example"):
+        assert secret not in joined
+
+
+def test_header_values_and_tokens_are_scrubbed_from_any_error_line():
+    # A header value is a secret even where a validator quotes it (a probe's url here).
+    data = {"targets": [{"name": "a", "metrics_url": "http://h/m",
+                         "headers": {"Authorization": "Bearer HdrTok-123456"}}],
+            "probes": [{"name": "p", "url": "HdrTok-123456", "model": "m"}]}
+    with pytest.raises(ConfigError) as info:
+        validate_config(data)
+    assert "HdrTok-123456" not in "\n".join(info.value.errors)
+    assert any(line.startswith("probes[0]") for line in info.value.errors)
+
+
+def test_expanded_size_is_the_json_length_and_counts_every_alias():
+    import json
+
+    from tritonwatch.schemas.configfile import expanded_size
+
+    shared = {"k": ["a", 1, 2.5, None, True]}
+    data = {"x": [shared, shared, shared], "y": "é"}
+    assert expanded_size(data) == len(json.dumps(data, separators=(",", ":"),
+                                                 ensure_ascii=False).encode())
+
+
+def test_a_bomb_in_probe_parameters_names_the_key_and_the_bound():
+    level: list[object] = ["lol"] * 9
+    for _ in range(4):
+        level = [level] * 9  # shared, as YAML aliases are: tiny in memory
+    probe = {"name": "p", "url": "http://h:8000", "protocol": "http", "model": "m",
+             "parameters": {"bomb": level}}
+    with pytest.raises(ConfigError) as info:
+        validate_config({"probes": [probe]})
+    (line,) = info.value.errors
+    assert line.startswith("probes[0].parameters: expands to ")
+    assert line.endswith("the limit is 64 KiB")
+
+
+def test_a_recursive_value_is_refused():
+    loop: list[object] = []
+    loop.append(loop)
+    with pytest.raises(ConfigError, match=r"targets\[0\]: refers to itself"):
+        validate_config({"targets": loop})
+
+
+@pytest.mark.parametrize(("text", "env", "value"), [
+    ("${A}", {"A": "x"}, "x"),
+    ("pre-${A}-post", {"A": "x"}, "pre-x-post"),
+    ("${A:-dflt}", {}, "dflt"),
+    ("${A:-dflt}", {"A": ""}, "dflt"),
+    ("${A-dflt}", {"A": ""}, ""),
+    ("${A-dflt}", {}, "dflt"),
+    ("$${A} and $A", {"A": "x"}, "${A} and $A"),
+    ("pa$$word", {}, "pa$$word"),
+], ids=["plain", "inside", "default-unset", "default-empty", "dash-set-empty", "dash-unset",
+        "escaped", "lone-dollars"])
+def test_env_references_expand_like_compose(text, env, value):
+    from tritonwatch.schemas.configfile import expand_env
+
+    data, errors, _ = expand_env({"k": [text]}, env)
+    assert errors == [] and data == {"k": [value]}
+
+
+def test_unset_and_malformed_env_references_name_the_key_never_a_value():
+    with pytest.raises(ConfigError) as info:
+        validate_config({"store": {"url": "postgresql://u:${PGPW}@db/x"},
+                         "api": {"listen": "${1BAD}"}}, environ={"OTHER": "v"})
+    assert info.value.errors == [
+        "store.url: environment variable PGPW is not set (set it, or write ${PGPW:-default} "
+        "for a fallback)",
+        "api.listen: malformed environment reference (use ${NAME}, ${NAME:-default} or "
+        "${NAME-default}; write $${ for a literal ${)",
+    ]
+
+
+def test_aliased_values_stay_shared_after_expansion():
+    from tritonwatch.schemas.configfile import expand_env
+
+    shared = {"a": "${X}"}
+    data, _, used = expand_env({"p": [shared, shared]}, {"X": "1"})
+    assert data["p"][0] is data["p"][1] and data["p"][0] == {"a": "1"} and used == {"X": "1"}
+
+
+def test_yaml_errors_do_not_quote_the_line(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("api:\n  token: Tok-0123456789abcdef: oops\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    (line,) = info.value.errors
+    assert line.startswith("line 2, column ") and "invalid YAML" in line
+    assert "Tok-0123456789abcdef" not in line
+
+
+def test_non_utf8_and_oversized_files_are_refused(tmp_path):
+    from tritonwatch.schemas import configfile
+
+    latin1 = tmp_path / "latin1.yaml"
+    latin1.write_bytes(b"# ok\n# caf\xe9\n")
+    with pytest.raises(ConfigError, match=r"line 2: not UTF-8 text \(byte 0xE9 at offset 10\)"):
+        load_config(latin1)
+    huge = tmp_path / "huge.yaml"
+    huge.write_bytes(b"#" * (configfile.MAX_FILE_BYTES + 1))
+    with pytest.raises(ConfigError, match="larger than 8 MiB"):
+        load_config(huge)
+
+
+def test_nesting_is_bounded_before_anything_recurses_into_it(tmp_path):
+    from tritonwatch.schemas import configfile
+
+    deep: list[object] = []
+    for _ in range(configfile.MAX_DEPTH + 1):
+        deep = [deep]
+    with pytest.raises(ConfigError, match=r"nested more than 64 levels deep"):
+        validate_config({"targets": deep})
+    path = tmp_path / "deep.yaml"  # deeper than PyYAML's own recursion can parse
+    path.write_text("targets: " + "[" * 3000 + "]" * 3000 + "\n")
+    with pytest.raises(ConfigError, match="nested too deeply"):
+        load_config(path)

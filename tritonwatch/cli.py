@@ -1,4 +1,15 @@
-"""The ``tritonwatch`` command line (argparse; one sub-command per job)."""
+"""The ``tritonwatch`` command line (argparse; one sub-command per job).
+
+Every failure a user can cause or meet ends in one line on stderr that names the input and
+what to do, never a traceback (``-v`` adds it).  Exit codes, the same for every command:
+
+- ``0`` (:data:`EXIT_OK`): done;
+- ``1`` (:data:`EXIT_FAILURE`): it ran and failed (a store that cannot be opened or written,
+  a port in use, every probe request failed, a scrape that could not be read);
+- ``2`` (:data:`EXIT_USAGE`): bad arguments or an invalid configuration, rules or input file;
+- ``130`` (:data:`EXIT_INTERRUPTED`): Ctrl-C (``probe`` prints what it measured so far,
+  ``record`` keeps every scrape it saved).
+"""
 
 from __future__ import annotations
 
@@ -6,13 +17,21 @@ import argparse
 import asyncio
 import json
 import logging
+import socket
 import sys
+import traceback
 from collections.abc import Sequence
 from typing import Any
 
 from tritonwatch.schemas.config import ConfigError, load_config
+from tritonwatch.schemas.configfile import redact_text
 
 log = logging.getLogger("tritonwatch")
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 
 
 def _out(text: str) -> None:
@@ -21,6 +40,12 @@ def _out(text: str) -> None:
 
 def _err(text: str) -> None:
     sys.stderr.write(text + "\n")
+
+
+def _traceback(args: argparse.Namespace) -> None:
+    """The traceback of the exception being handled, with ``-v`` only."""
+    if getattr(args, "verbose", 0):
+        traceback.print_exc()
 
 
 def _max_batch_sizes(values: Sequence[str]) -> dict[str, int]:
@@ -33,33 +58,101 @@ def _max_batch_sizes(values: Sequence[str]) -> dict[str, int]:
     return sizes
 
 
+def _config_errors(exc: ConfigError) -> int:
+    """Print every line of ``exc`` (each names its key) the way check-config does."""
+    _err(f"{exc.source}: {len(exc.errors)} error(s)")
+    for line in exc.errors:
+        _err(f"  {line}")
+    return EXIT_USAGE
+
+
 def cmd_check_config(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.file)
     except ConfigError as exc:
-        _err(f"{exc.source}: {len(exc.errors)} error(s)")
-        for line in exc.errors:
-            _err(f"  {line}")
-        return 1
+        return _config_errors(exc)
     backend = config.store.url.split(":")[0]
     _out(f"{args.file}: OK ({len(config.targets)} target(s), store {backend})")
-    return 0
+    return EXIT_OK
+
+
+def listen_problem(listen: str) -> str | None:
+    """Why the API cannot listen on ``listen`` (``HOST:PORT``), or None when it can.
+
+    Binds and releases the address the way uvicorn will (SO_REUSEADDR), so a port in use is
+    reported in our words, with the way out, before anything is started.
+    """
+    from tritonwatch.serve import split_listen
+
+    try:
+        host, port = split_listen(listen)
+    except ValueError:
+        return "expected HOST:PORT"
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as exc:
+        return f"cannot resolve {host!r} ({getattr(exc, 'strerror', None) or exc})"
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(address)
+        except OSError as exc:
+            return (exc.strerror or str(exc)).lower()
+    return None
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from tritonwatch.memory import tune_gc, tune_malloc
     from tritonwatch.serve import serve
+    from tritonwatch.store import StoreError
 
     try:
         config = load_config(args.config)
     except ConfigError as exc:
-        for line in exc.errors:
-            _err(f"{exc.source}: {line}")
-        return 2
+        return _config_errors(exc)
+    listen = args.listen or config.api.listen
+    problem = listen_problem(listen)
+    if problem is not None:
+        where = "--listen" if args.listen else "api.listen"
+        stop = "stop the process using it or " if "in use" in problem else ""
+        _err(f"serve: cannot listen on {listen} ({where}): {problem}; {stop}choose another "
+             "address with --listen HOST:PORT (or api.listen in the config)")
+        return EXIT_FAILURE
     tune_malloc()
     tune_gc()
-    asyncio.run(serve(config, listen=args.listen))
-    return 0
+    store = redact_text(config.store.url)
+    try:
+        asyncio.run(serve(config, listen=listen))
+    except StoreError as exc:
+        # Its message names the store by its redacted URL and says what failed.
+        _traceback(args)
+        _err(f"serve: {exc}; check store.url, that the database is running and that this "
+             "user may write to it")
+        return EXIT_FAILURE
+    except PermissionError as exc:
+        # The default SQLite store lives under the working directory.
+        _traceback(args)
+        _err(f"serve: cannot create {exc.filename or 'the store'!s}: permission denied (store "
+             f"{store}); run from a writable directory or set store.url to a writable path")
+        return EXIT_FAILURE
+    except OSError as exc:
+        if exc.filename is None:
+            raise
+        _traceback(args)
+        _err(f"serve: {exc.filename}: {(exc.strerror or str(exc)).lower()} (store {store}); "
+             "check store.url")
+        return EXIT_FAILURE
+    except SystemExit as exc:
+        # uvicorn logs why it could not start (e.g. the port was taken after our check) and
+        # exits; say what to do about it.
+        if exc.code in (0, None):
+            raise
+        _err(f"serve: the API could not start on {listen} (see the error above); choose "
+             "another address with --listen HOST:PORT")
+        return EXIT_FAILURE
+    return EXIT_OK
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -72,14 +165,21 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             args.source, args.source2, seconds=args.seconds, max_batch_size=sizes,
             http_url=args.http_url,
         ))
-    except (argparse.ArgumentTypeError, ValueError, OSError) as exc:
+    except ConnectionError as exc:  # a scrape that failed: ScrapeError names the URL, redacted
         _err(f"inspect: {exc}")
-        return 2
+        return EXIT_FAILURE
+    except UnicodeDecodeError as exc:
+        _err(f"inspect: a snapshot is not UTF-8 text (byte offset {exc.start}); give a saved "
+             "/metrics body")
+        return EXIT_USAGE
+    except (argparse.ArgumentTypeError, ValueError, OSError) as exc:
+        _err(f"inspect: {redact_text(str(exc))}")
+        return EXIT_USAGE
     if args.json:
         _out(json.dumps(result, indent=2, allow_nan=False))
     else:
         render_inspect(result)
-    return 0
+    return EXIT_OK
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -92,6 +192,16 @@ def cmd_probe(args: argparse.Namespace) -> int:
     from tritonwatch.probe_cmd import run
 
     return run(args)
+
+
+def _listen(value: str) -> str:
+    """``--listen HOST:PORT``, checked as ``api.listen`` is (a bad one is a usage error)."""
+    from tritonwatch.schemas.config import _grpc_address
+
+    try:
+        return _grpc_address(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _duration(value: str) -> float:
@@ -129,14 +239,24 @@ def cmd_record(args: argparse.Namespace) -> int:
 
     from tritonwatch.record import RecordError, record
 
+    written: list[Path] = []
     try:
-        written = asyncio.run(record(args.url, Path(args.out), every=args.every,
-                                     duration=args.for_, stats_url=args.stats_url))
+        asyncio.run(record(args.url, Path(args.out), every=args.every, duration=args.for_,
+                           stats_url=args.stats_url, written=written))
     except RecordError as exc:
         _err(f"record: {exc}")
-        return 2
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        # Every file is written whole before the next scrape starts: what is there is usable.
+        _err(f"record: interrupted; {len(written)} scrape(s) saved under {args.out} "
+             "(replay reads them as they are)")
+        return EXIT_INTERRUPTED
+    except OSError as exc:
+        _err(f"record: cannot write {exc.filename or args.out}: "
+             f"{(exc.strerror or str(exc)).lower()}; choose a writable --out directory")
+        return EXIT_FAILURE
     _err(f"record: {len(written)} scrape(s) saved under {args.out}")
-    return 0 if written else 1
+    return EXIT_OK if written else EXIT_FAILURE
 
 
 def _print_alerts(outcome: Any, as_json: bool, what: str) -> None:
@@ -179,14 +299,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
         outcome = replay(args.dir, rules, target=args.target, eval_interval=args.eval_interval,
                          ttft_slo=args.ttft_slo, itl_slo=args.itl_slo)
     except ConfigError as exc:
-        for line in exc.errors:
-            _err(f"{exc.source}: {line}")
-        return 2
+        return _config_errors(exc)
     except (ReplayError, OSError) as exc:
         _err(f"replay: {exc}")
-        return 2
+        return EXIT_USAGE
     _print_alerts(outcome, args.json, f"replay of {args.dir}")
-    return 0
+    return EXIT_OK
 
 
 def cmd_backtest(args: argparse.Namespace) -> int:
@@ -197,18 +315,19 @@ def cmd_backtest(args: argparse.Namespace) -> int:
         config = load_config(args.config)
         rules = _load_rules(args.rules)
     except ConfigError as exc:
-        for line in exc.errors:
-            _err(f"{exc.source}: {line}")
-        return 2
+        return _config_errors(exc)
     step = args.step or config.alerting.eval_interval
     try:
         with open_store(config.store.url) as store:
             outcome = backtest(store, rules, start=args.from_, end=args.to, step=step)
-    except (ReplayError, StoreError, ValueError) as exc:
-        _err(f"backtest: {exc}")
-        return 2
+    except StoreError as exc:
+        _err(f"backtest: {exc}; check store.url and that the database is running")
+        return EXIT_FAILURE
+    except (ReplayError, ValueError) as exc:
+        _err(f"backtest: {redact_text(str(exc))}")
+        return EXIT_USAGE
     _print_alerts(outcome, args.json, "backtest")
-    return 0
+    return EXIT_OK
 
 
 def _version() -> str:
@@ -232,7 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("serve", help="run the collector, store jobs and API until SIGTERM")
     p.add_argument("--config", help="YAML config file (default: embedded defaults)")
-    p.add_argument("--listen", help="HOST:PORT for the API (default: api.listen)")
+    p.add_argument("--listen", type=_listen, help="HOST:PORT for the API (default: api.listen)")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("check-config", help="validate a config file, print every error")
@@ -310,7 +429,7 @@ _PER_REQUEST_LOGGERS = ("httpx", "httpcore", "apscheduler.executors", "apschedul
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(argv)  # bad arguments: argparse's usage line, exit 2
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.verbose < 3:
@@ -318,7 +437,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         for chatty in _PER_REQUEST_LOGGERS:
             logging.getLogger(chatty).setLevel(logging.WARNING)
     func: Any = args.func
-    return int(func(args))
+    try:
+        return int(func(args))
+    except KeyboardInterrupt:
+        _err(f"{args.command}: interrupted")
+        return EXIT_INTERRUPTED
+    except ConfigError as exc:
+        return _config_errors(exc)
+    except Exception as exc:
+        # Not foreseen: still one line (with any URL's credentials masked), the traceback on -v.
+        _traceback(args)
+        _err(f"{args.command}: {type(exc).__name__}: {redact_text(str(exc))}"
+             + ("" if args.verbose else " (run with -v for the traceback)"))
+        return EXIT_FAILURE
 
 
 if __name__ == "__main__":

@@ -4,7 +4,10 @@ One snapshot lists families, series counts and the SLIs a single reading gives (
 KV-cache, GPU, pending requests).  Two snapshots (two files, or one URL read twice
 ``--seconds`` apart) add the per-model rates and ratios (request rate, batch fill rate, queue
 time, ...).  Fill rate needs ``max_batch_size``: it is read from the live server's model-config
-API when the source is a URL (or ``--http-url``), or given as ``--max-batch-size MODEL=N``.
+API (``--http-url``, or for a URL source the URL's own origin, as behind a proxy that serves
+both, then the same host's port 8000), or given as ``--max-batch-size MODEL=N``.  When it cannot
+be read, ``config_error`` says which URLs were tried and why each failed, and the table keeps
+its fill column with ``?`` instead of dropping it.
 
 The result's ``models`` is keyed by model name.  A model served in one version maps to the flat
 dict of its SLIs (``{"request_rate": 3.2, ...}``).  A model served in several versions at once
@@ -25,8 +28,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 from tritonwatch.collector.derive import Deriver
 from tritonwatch.collector.parse import parse
-from tritonwatch.collector.scrape import fetch_metrics, make_client
-from tritonwatch.collector.triton import TritonApi
+from tritonwatch.collector.scrape import fetch_metrics, make_client, redact_url
+from tritonwatch.collector.triton import TritonApi, TritonApiError
 from tritonwatch.schemas.samples import MetricFamily, Sample, Snapshot, label_value
 from tritonwatch.schemas.triton import ModelConfigInfo
 
@@ -46,25 +49,47 @@ async def read_source(source: str, timeout: float = 10.0, max_bytes: int = 256 <
     return Path(source).read_text(encoding="utf-8")
 
 
-def guess_http_url(metrics_url: str) -> str | None:
-    """Triton's HTTP API usually sits on 8000 when metrics are on 8002."""
+#: Triton's default HTTP port; the metrics port (8002 by default) is often changed or proxied.
+TRITON_HTTP_PORT = 8000
+
+
+def guess_http_urls(metrics_url: str) -> list[str]:
+    """Where Triton's HTTP API may be, given its /metrics URL: the URL's own origin (a proxy
+    serving both; and surely the same server if it answers), then the same host on port 8000
+    (Triton's default).  Never assumes the metrics port is 8002."""
     parts = urlsplit(metrics_url)
-    if parts.port == 8002 and parts.hostname:
-        return urlunsplit((parts.scheme, f"{parts.hostname}:8000", "", "", ""))
-    return None
+    if not parts.hostname:
+        return []
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    candidates = [urlunsplit((parts.scheme, f"{host}:{port}", "", "", ""))]
+    if port != TRITON_HTTP_PORT:
+        candidates.append(urlunsplit((parts.scheme, f"{host}:{TRITON_HTTP_PORT}", "", "", "")))
+    return candidates
 
 
 def model_configs(
-    http_url: str | None, overrides: Mapping[str, int]
+    http_urls: Sequence[str], overrides: Mapping[str, int], timeout: float = 5.0
 ) -> tuple[dict[str, ModelConfigInfo], str | None]:
+    """Model configs from the first of ``http_urls`` that answers, then ``overrides``; and,
+    when none answered, one line saying which URLs were tried and why each failed."""
     configs: dict[str, ModelConfigInfo] = {}
-    error = None
-    if http_url:
+    failures = []
+    for url in http_urls:
         try:
-            api = TritonApi(TARGET, http_url=http_url, grpc_url=None, timeout=5.0)
+            api = TritonApi(TARGET, http_url=url, grpc_url=None, timeout=timeout)
             configs = api.read_blocking(time.time()).configs
-        except ConnectionError as exc:
-            error = str(exc)
+        except TritonApiError as exc:
+            failures.append(f"{redact_url(url)}: {exc.reason}")
+            continue
+        failures = []
+        break
+    error = None
+    if failures:
+        missing = "" if overrides else " (the fill column needs it)"
+        error = (f"max_batch_size could not be read from Triton's HTTP API{missing}: tried "
+                 + "; ".join(failures)
+                 + ". Pass --http-url http://HOST:PORT or --max-batch-size MODEL=N")
     for model, size in overrides.items():
         configs[model] = ModelConfigInfo(name=model, max_batch_size=size)
     return configs, error
@@ -133,9 +158,13 @@ async def inspect_sources(
         raise ValueError("--seconds without SOURCE2 needs a URL to read twice")
     if source2 is not None and seconds is None:
         raise ValueError("two sources need --seconds (the time between them)")
-    if http_url is None and is_url(source):
-        http_url = guess_http_url(source)
-    configs, config_error = await asyncio.to_thread(model_configs, http_url, max_batch_size)
+    if http_url is not None:
+        candidates = [http_url]
+    elif is_url(source) and seconds is None and source2 is None:
+        candidates = []  # one snapshot has no rates, so no fill rate to read configs for
+    else:
+        candidates = guess_http_urls(source) if is_url(source) else []
+    configs, config_error = await asyncio.to_thread(model_configs, candidates, max_batch_size)
     deriver = Deriver(TARGET, max_gap_s=math.inf)
     first = parse(await read_source(source))
     derived = deriver.derive(Snapshot(TARGET, 0.0, tuple(first)), configs)
@@ -146,4 +175,23 @@ async def inspect_sources(
         source2 = source
     second = parse(await read_source(source2))
     derived = deriver.derive(Snapshot(TARGET, seconds, tuple(second)), configs)
-    return summarise(second, derived, seconds, config_error)
+    result = summarise(second, derived, seconds, config_error)
+    if not candidates and not max_batch_size and fill_unknown(result["models"]):
+        result["config_error"] = (
+            "max_batch_size unknown, so no fill rate: pass --max-batch-size MODEL=N, or "
+            "--http-url http://HOST:PORT of the server these snapshots came from"
+        )
+    return result
+
+
+def fill_unknown(models: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Models (``model`` or ``model/version``) that batch but have no fill rate: their
+    ``max_batch_size`` was not known."""
+    missing = []
+    for model, slis in models.items():
+        per_version = slis.get("versions")
+        rows = per_version.items() if isinstance(per_version, Mapping) else [("", slis)]
+        for version, values in rows:
+            if "avg_batch_size" in values and "batch_fill_rate" not in values:
+                missing.append(f"{model}/{version}" if version else model)
+    return missing

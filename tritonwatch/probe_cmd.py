@@ -1,6 +1,8 @@
 """``tritonwatch probe``: a one-off probe run with a GenAI-Perf-style table (or ``--json``).
 
 The progress bar goes to stderr, so ``--json`` output on stdout stays machine-readable.
+Ctrl-C stops the run and still prints the table (or JSON) of the requests completed so far,
+then exits 130.  Bad options give one line naming the option (``--url``, ``--requests``...).
 """
 
 from __future__ import annotations
@@ -8,16 +10,22 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import threading
 import time
 from typing import Any
 
+from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from tritonwatch.collector.probes.runner import ProbeRunner
 from tritonwatch.collector.probes.stats import STAT_KEYS, summarize
+from tritonwatch.render import make_console
+from tritonwatch.schemas.configfile import redact_url_text
 from tritonwatch.schemas.probes import InferInput, ProbeConfig, ProbeResult
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130  # as tritonwatch.cli
 
 ROWS = (
     ("Time to first token (ms)", "ttft_ms"),
@@ -47,8 +55,38 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _infer_input(text: str) -> InferInput:
-    name, dtype, shape = text.split(":")
-    return InferInput(name=name, datatype=dtype, shape=tuple(int(d) for d in shape.split("x")))
+    try:
+        name, dtype, shape = text.split(":")
+        dims = tuple(int(d) for d in shape.split("x"))
+        return InferInput(name=name, datatype=dtype, shape=dims)
+    except (ValueError, ValidationError):
+        raise ValueError(
+            f"--infer-input {text!r}: expected NAME:DTYPE:SHAPE, e.g. INPUT0:FP32:1x4"
+        ) from None
+
+
+def url_problem(protocol: str, url: str) -> str | None:
+    """A clear line for the usual ``--url`` mistakes, or None (validation says the rest)."""
+    shown = redact_url_text(url)
+    if protocol == "grpc" and "://" in url.removeprefix("grpc://"):
+        return (f"--url {shown!r}: the grpc protocol takes HOST:PORT without a scheme "
+                "(e.g. localhost:8001); for an http(s) URL use --protocol http or openai")
+    if protocol != "grpc" and not url.startswith(("http://", "https://")):
+        return (f"--url {shown!r}: the {protocol} protocol takes an http(s) URL "
+                "(e.g. http://localhost:8000); for HOST:PORT use --protocol grpc")
+    return None
+
+
+def option_errors(exc: ValidationError) -> list[str]:
+    """One line per error, named by its command-line option, with no input quoted whole."""
+    from tritonwatch.schemas.config import error_lines
+
+    lines = []
+    for line in error_lines(exc):
+        key, _, message = line.partition(": ")
+        option = "--" + key.split(".")[0].split("[")[0].replace("_", "-")
+        lines.append(message if key == "(top level)" else f"{option}: {message}")
+    return lines
 
 
 def build_config(args: argparse.Namespace) -> ProbeConfig:
@@ -71,7 +109,8 @@ def _fmt(value: float | None) -> str:
 
 
 def render(summary: dict[str, Any], config: ProbeConfig, console: Console) -> None:
-    table = Table(title=f"{config.protocol} probe of {config.model} ({config.url})")
+    table = Table(title=f"{config.protocol} probe of {config.model} "
+                        f"({redact_url_text(config.url or '')})")
     table.add_column("Statistic")
     for key in STAT_KEYS:
         table.add_column(key, justify="right")
@@ -89,13 +128,24 @@ def render(summary: dict[str, Any], config: ProbeConfig, console: Console) -> No
         console.print(f"Last error: {err['kind']} {err['code'] or ''} {err['message']}")
 
 
+def _usage(text: str) -> int:
+    sys.stderr.write(f"probe: {text}\n")
+    return EXIT_USAGE
+
+
 def run(args: argparse.Namespace) -> int:
-    err_console = Console(stderr=True)
+    err_console = make_console(stderr=True)
+    problem = url_problem(args.protocol, args.url)
+    if problem is not None:
+        return _usage(problem)
     try:
         config = build_config(args)
+    except ValidationError as exc:
+        for line in option_errors(exc):
+            _usage(line)
+        return EXIT_USAGE
     except ValueError as exc:
-        err_console.print(f"probe: {exc}")
-        return 2
+        return _usage(str(exc))
     runner = ProbeRunner(config, config.url or "")
     progress = Progress(
         TextColumn("probing"), BarColumn(), MofNCompleteColumn(),
@@ -103,23 +153,42 @@ def run(args: argparse.Namespace) -> int:
         console=err_console, transient=True,
     )
     errors = 0
+    # Filled as results arrive (from the probe's worker threads), so Ctrl-C loses none.
+    results: list[ProbeResult] = []
+    lock = threading.Lock()
 
     def on_result(result: ProbeResult) -> None:
         nonlocal errors
-        errors += 0 if result.ok else 1
+        with lock:
+            results.append(result)
+            errors += 0 if result.ok else 1
         progress.update(task, advance=1, errors=errors)
 
+    interrupted = False
+    t0 = time.monotonic()
     try:
         with progress:
             task = progress.add_task("probe", total=config.requests, errors=0)
-            t0 = time.monotonic()
-            results = runner.run(on_result=on_result)
-            duration = time.monotonic() - t0
+            runner.run(on_result=on_result)
+    except KeyboardInterrupt:
+        interrupted = True
     finally:
-        runner.close()
-    summary = summarize(results, duration)
+        duration = time.monotonic() - t0
+        if not interrupted:
+            runner.close()
+        # Interrupted: worker threads may still hold sessions; the process is about to end
+        # and takes the connections with it, so nothing waits on them.
+    with lock:
+        done = list(results)
+    summary = summarize(done, duration)
     if args.json:
+        if interrupted:
+            summary["interrupted"] = True
         sys.stdout.write(json.dumps(summary, indent=2, allow_nan=False) + "\n")
     else:
-        render(summary, config, Console())
-    return 0 if summary["ok"] else 1
+        render(summary, config, make_console())
+    if interrupted:
+        sys.stderr.write(f"probe: interrupted after {len(done)} of {config.requests} "
+                         "request(s); the figures above cover those\n")
+        return EXIT_INTERRUPTED
+    return EXIT_OK if summary["ok"] else EXIT_FAILURE

@@ -31,6 +31,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tritonwatch.collector.scrape import ScrapeError, fetch_metrics, make_client, redact_url
+from tritonwatch.render import make_console
 
 log = logging.getLogger(__name__)
 
@@ -97,15 +98,18 @@ async def record(
     console: Console | None = None,
     clock: Callable[[], float] = time.time,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    written: list[Path] | None = None,
 ) -> list[Path]:
     """Record; returns the ``.prom`` files written, oldest first.  ``clock`` and ``sleep`` are
-    injectable so tests can run a recording in simulated time."""
+    injectable so tests can run a recording in simulated time.  ``written``, when given, is
+    that same list, filled as each file is saved: a caller that interrupts the recording
+    (Ctrl-C) still knows what it kept."""
     count = scrape_count(every, duration)
     timeout = min(timeout, max(every, 1.0))
     out.mkdir(parents=True, exist_ok=True)
     base = api_base(stats_url) if stats_url else None
-    written: list[Path] = []
-    console = console or Console(stderr=True)
+    written = [] if written is None else written
+    console = console or make_console(stderr=True)  # a pipe or a log file: lines not wrapped
     progress = Progress(
         TextColumn("recording {task.fields[url]}"), BarColumn(), MofNCompleteColumn(),
         TextColumn("{task.fields[failed]} failed"), TimeElapsedColumn(),

@@ -1,12 +1,27 @@
-"""Terminal rendering (rich tables) shared by ``inspect`` and the demo's live view."""
+"""Terminal rendering (rich tables) shared by ``inspect``, ``probe`` and the demo's live view."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+
+#: Console width when the output is not a terminal: wide enough that no table is ever wrapped
+#: or cut (rich would otherwise assume 80 columns for a pipe or a file).
+PIPE_WIDTH = 100_000
+
+
+def make_console(*, stderr: bool = False) -> Console:
+    """A console for stdout (or stderr): the terminal's width on a terminal; on a pipe or a
+    file, tables at their natural width and no colour codes."""
+    stream = sys.stderr if stderr else sys.stdout
+    if stream.isatty():
+        return Console(stderr=stderr)
+    return Console(stderr=stderr, width=PIPE_WIDTH)
 
 # Columns shown per model, in order: (SLI key, header, format).
 MODEL_COLUMNS: tuple[tuple[str, str, str], ...] = (
@@ -48,13 +63,23 @@ def model_rows(
     return rows
 
 
+#: Shown in a cell whose value could not be computed for a reason the table's note gives.
+UNKNOWN = "?"
+
+
 def model_table(
     models: Mapping[str, Mapping[str, Any]],
     title: str,
     versions: Mapping[str, Sequence[str]] | None = None,
+    unknown: frozenset[str] = frozenset(),
 ) -> Table:
     """A row per model, or per model version when ``versions`` is given or a model has several
-    (the ``models`` / ``model_versions`` of ``tritonwatch inspect --json``)."""
+    (the ``models`` / ``model_versions`` of ``tritonwatch inspect --json``).
+
+    ``unknown``: SLI keys whose column is shown even where no row has a value, with
+    :data:`UNKNOWN` in the cells of batching models (the fill rate when max_batch_size could
+    not be read), so a missing column is never silent.
+    """
     rows = model_rows(models, versions)
     table = Table(title=title, title_justify="left")
     table.add_column("model")
@@ -63,11 +88,19 @@ def model_table(
     )
     if show_version:
         table.add_column("version")
-    present = [c for c in MODEL_COLUMNS if any(c[0] in slis for _, _, slis in rows)]
+    present = [c for c in MODEL_COLUMNS if any(
+        c[0] in slis or (c[0] in unknown and "avg_batch_size" in slis) for _, _, slis in rows
+    )]
     for _, header, _ in present:
         table.add_column(header, justify="right")
+
+    def cell(key: str, pattern: str, slis: Mapping[str, Any]) -> str:
+        if key in unknown and key not in slis and "avg_batch_size" in slis:
+            return UNKNOWN
+        return fmt(key, slis.get(key), pattern)
+
     for model, version, slis in rows:
-        cells = (fmt(k, slis.get(k), p) for k, _, p in present)
+        cells = (cell(k, p, slis) for k, _, p in present)
         table.add_row(model, *((version,) if show_version else ()), *cells)
     return table
 
@@ -87,7 +120,7 @@ def gpu_table(gpus: Mapping[str, Mapping[str, float | None]]) -> Table:
 
 
 def render_inspect(result: Mapping[str, Any], console: Console | None = None) -> None:
-    console = console or Console()
+    console = console or make_console()
     families = Table(title=f"{len(result['families'])} families, {result['series']} series",
                      title_justify="left")
     families.add_column("family")
@@ -98,9 +131,15 @@ def render_inspect(result: Mapping[str, Any], console: Console | None = None) ->
     console.print(families)
     interval = result.get("interval_s")
     title = f"models (over {interval:g} s)" if interval else "models (single snapshot: gauges)"
+    # A fill rate that could not be computed shows as "?" with the reason below, not as a
+    # column that silently disappears.
+    unknown = frozenset({"batch_fill_rate"}) if result.get("config_error") and interval else (
+        frozenset())
     if result["models"]:
-        console.print(model_table(result["models"], title, result.get("model_versions", {})))
+        console.print(model_table(result["models"], title, result.get("model_versions", {}),
+                                  unknown=unknown))
     if result["gpus"]:
         console.print(gpu_table(result["gpus"]))
     if result.get("config_error"):
-        console.print(f"[yellow]model configs unavailable:[/] {result['config_error']}")
+        console.print(f"[yellow]fill rate unavailable:[/] {escape(result['config_error'])}",
+                      highlight=False)

@@ -17,7 +17,7 @@ def _err(text: str) -> None:
 
 
 def check_rules(path: str) -> int:
-    """Validate ``path``; print every error with its key path (exit 1) or a summary (exit 0).
+    """Validate ``path``; print every error with its key path (exit 2) or a summary (exit 0).
 
     Tiers that can never fire at an SLO's objective are printed as warnings.
     """
@@ -31,7 +31,7 @@ def check_rules(path: str) -> int:
         _err(f"{exc.source}: {len(exc.errors)} error(s)")
         for line in exc.errors:
             _err(f"  {line}")
-        return 1
+        return 2  # a bad input file, as for every command (tritonwatch.cli)
     for i, spec in enumerate(rules.slos):
         for warning in Slo.from_spec(spec).warnings:
             _err(f"{path}: warning: slos[{i}]: {warning}")
@@ -60,7 +60,7 @@ def import_slo(path: str, *, window: str = "30d") -> int:
         _err(f"{exc.source}: {len(exc.errors)} error(s)")
         for line in exc.errors:
             _err(f"  {line}")
-        return 1
+        return 2  # a bad input file, as for every command (tritonwatch.cli)
     for note in imported.notes:
         _err(f"{path}: note: {note}")
     sys.stdout.write(to_yaml(imported.slos))

@@ -21,18 +21,22 @@ Exception tree::
 URLs are secrets (chat webhooks carry tokens in their path, userinfo carries passwords):
 errors and logs show only :func:`redact_url` (``scheme://host:port/<redacted>``), and
 :func:`scrub` removes the URL, its parts and header values from any text that leaves a
-notifier (exception messages from httpx, response bodies).
+notifier (exception messages from httpx, response bodies), and masks whatever looks like a
+credential: a receiver that echoes the request back (a 400 quoting its headers) would otherwise
+put ``Authorization: Basic <base64 of user:password>`` into the ERROR log.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
+import re
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple, Protocol
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import httpx
 
@@ -126,6 +130,11 @@ def secrets_of(url: str, headers: Mapping[str, str] | None = None) -> tuple[str,
         parts = urlsplit(url)
         found += [parts.path, parts.query, parts.netloc.rpartition("@")[0],
                   parts.password or "", parts.username or ""]
+        if parts.username is not None or parts.password is not None:
+            # httpx turns URL userinfo into ``Authorization: Basic base64(user:password)``
+            # (percent-decoded first), which a receiver may echo back.
+            user, password = unquote(parts.username or ""), unquote(parts.password or "")
+            found += [user, password, _basic(user, password)]
     except ValueError:
         pass
     for value in (headers or {}).values():
@@ -136,11 +145,38 @@ def secrets_of(url: str, headers: Mapping[str, str] | None = None) -> tuple[str,
                         reverse=True))
 
 
+def _basic(user: str, password: str) -> str:
+    return base64.b64encode(f"{user}:{password}".encode()).decode("ascii")
+
+
+# Whatever looks like a credential in text we did not write (a response body): the value after
+# an auth scheme, after a credential-carrying header name, or after a secret query parameter.
+# Prose ("basic auth failed") may lose a word to it; a leaked password costs more.
+_AUTH_SCHEME_RE = re.compile(r"(?i)\b(basic|bearer|digest|negotiate)(\s+)[A-Za-z0-9._~+/=\-]{8,}")
+_CREDENTIAL_HEADER_RE = re.compile(
+    r"(?i)\b(authorization|proxy-authorization|cookie|set-cookie|x-api-key|api-key|"
+    r"x-auth-token|private-token)(\"?\s*[:=]\s*\[?\s*\"?)([^\"\r\n,}\]]+)"
+)
+_CREDENTIAL_PARAM_RE = re.compile(
+    r"(?i)\b(token|access_token|api_key|apikey|key|password|passwd|secret|sig|signature)="
+    r"([^&\s\"']+)"
+)
+
+
+def scrub_credentials(text: str) -> str:
+    """``text`` with the values of auth schemes (``Basic …``, ``Bearer …``), of credential
+    headers (``Authorization: …``, ``Cookie: …``) and of secret query parameters masked."""
+    text = _CREDENTIAL_HEADER_RE.sub(lambda m: f"{m.group(1)}{m.group(2)}{REDACTED}", text)
+    text = _AUTH_SCHEME_RE.sub(lambda m: f"{m.group(1)}{m.group(2)}{REDACTED}", text)
+    return _CREDENTIAL_PARAM_RE.sub(lambda m: f"{m.group(1)}={REDACTED}", text)
+
+
 def scrub(text: str, secrets: Iterable[str]) -> str:
-    """``text`` with every secret replaced by ``<redacted>`` (longest first)."""
+    """``text`` with every secret replaced by ``<redacted>`` (longest first), then whatever
+    looks like a credential masked (:func:`scrub_credentials`)."""
     for secret in secrets:
         text = text.replace(secret, REDACTED)
-    return text
+    return scrub_credentials(text)
 
 
 class _ScrubFilter(logging.Filter):

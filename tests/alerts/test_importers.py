@@ -284,7 +284,7 @@ def test_import_slo_command_detects_the_format(
         "triton-availability", "probe-success"
     ]
     assert "note:" in captured.err
-    assert main(["import-slo", str(other)]) == 1
+    assert main(["import-slo", str(other)]) == 2
     assert "neither a Sloth" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="cannot read file"):
         import_slo_file(tmp_path / "missing.yaml")

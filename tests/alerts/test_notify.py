@@ -3,6 +3,7 @@ same Dispatcher against a real Alertmanager (tests/fixtures_alertmanager.py)."""
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import threading
@@ -25,7 +26,7 @@ from tritonwatch.alerts.notify import (
     build_dispatcher,
     redact_url,
 )
-from tritonwatch.alerts.notify.base import rfc3339
+from tritonwatch.alerts.notify.base import rfc3339, scrub
 from tritonwatch.alerts.notify.webhook import ZERO_TIME, webhook_messages
 from tritonwatch.api.receiver import WebhookMessageIn
 from tritonwatch.schemas.alerting import AlertingConfig
@@ -593,3 +594,35 @@ def test_webhook_hears_fire_resolve_and_repeat_interval_while_alertmanager_gets_
     hook_bodies = hook_rec.bodies()
     assert [b["status"] for b in hook_bodies] == ["firing", "firing", "resolved"]
     assert len(am_rec.requests) - am_posts == 15  # resolves re-sent for 15 min, every 60 s
+
+
+def test_a_receiver_echoing_basic_auth_from_the_url_leaks_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # httpx sends URL userinfo as ``Authorization: Basic base64(user:password)``, decoded
+    # first; a receiver answering 400 with our headers quoted must not put it in the log.
+    basic = base64.b64encode(b"am-user:p@ss word!").decode()
+    body = (f"bad request\nAuthorization: Basic {basic}\n"
+            f'{{"headers": {{"Authorization": ["Basic {basic}"]}}}}')
+    caplog.set_level(logging.DEBUG)
+    rec = Recorder(httpx.Response(400, text=body))
+    notifier = AlertmanagerNotifier("http://am-user:p%40ss%20word%21@am:9093",
+                                    client=rec.client())
+    d = Dispatcher([notifier], eval_interval=30.0)
+    d.dispatch([state()], now=100.0)
+    assert "HTTP 400" in caplog.text
+    for secret in (basic, "p@ss word!", "p%40ss%20word%21"):
+        assert secret not in caplog.text
+
+
+@pytest.mark.parametrize(("text", "kept", "gone"), [
+    ("Authorization: Basic dXNlcjpwYXNzd29yZA==", "Authorization: <redacted>", "dXNlcjpw"),
+    ('{"authorization":["Bearer abc.def.ghi-jkl"]}', '"authorization":["<redacted>"]',
+     "abc.def"),
+    ("proxy said: bearer eyJhbGciOiJIUzI1NiJ9.payload", "bearer <redacted>", "eyJhbGci"),
+    ("Cookie: session=0123456789abcdef", "Cookie: <redacted>", "0123456789abcdef"),
+    ("GET /hook?token=QTok123&x=1", "token=<redacted>&x=1", "QTok123"),
+], ids=["basic", "json-bearer", "bare-bearer", "cookie", "query-token"])
+def test_scrub_masks_whatever_looks_like_a_credential(text: str, kept: str, gone: str) -> None:
+    scrubbed = scrub(text, ())
+    assert kept in scrubbed and gone not in scrubbed

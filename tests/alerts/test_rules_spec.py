@@ -282,7 +282,7 @@ def test_check_rules_prints_every_error_with_its_key_path(
     bad = tmp_path / "bad.yaml"
     bad.write_text("slos:\n  - {name: a, objective: 101, sli: {kind: success}}\n"
                    "alerts:\n  - {name: b, series: s, op: '?', threshold: 1}\n")
-    assert main(["check-rules", str(bad)]) == 1
+    assert main(["check-rules", str(bad)]) == 2
     err = capsys.readouterr().err
     assert "2 error(s)" in err and "slos[0].objective:" in err and "alerts[0].op:" in err
     good = tmp_path / "good.yaml"
