@@ -232,6 +232,9 @@ def increase(
         # inf - inf is NaN, as in SQL; numpy would also warn about it.
         with np.errstate(invalid="ignore", over="ignore"):
             step[1:] = np.where(v[1:] >= v[:-1], v[1:] - v[:-1], v[1:])
+            # A counter is never below zero; a target that reports one anyway (the collector
+            # skips such samples at ingest) must not turn an increase or a rate negative.
+            step = np.maximum(step, 0.0)
             step[starts] = 0.0
             sums = np.add.reduceat(step, starts)
         two = ends - starts >= 2

@@ -182,6 +182,16 @@ def test_increase_and_rate_count_a_reset_as_a_restart_from_zero(store: Store) ->
     assert store.increase("single", start=T0, end=end) == []
 
 
+def test_a_counter_below_zero_never_gives_a_negative_increase(store: Store) -> None:
+    for i, v in enumerate([10.0, 20.0, -50.0, -60.0]):  # was -100 before the clamp
+        scrape(store, "t", T0 + i * SCRAPE, {("requests_total", ()): v})
+    store.flush()
+    (inc,) = store.increase("requests_total", start=T0, end=T0 + 10 * SCRAPE)
+    assert inc[1] >= 0.0
+    (rate,) = store.rate("requests_total", start=T0, end=T0 + 10 * SCRAPE)
+    assert rate[1] >= 0.0
+
+
 def test_series_appearing_and_disappearing(store: Store) -> None:
     for i in range(8):
         values = {}
