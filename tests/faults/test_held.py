@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.cli.test_serve import start_serve, stop, wait_for
+from tests.cli.test_serve import start_serve, wait_for
 from tests.fixtures_http import free_port, serve_fake_targets
 from tritonwatch.schemas.samples import Sample
 from tritonwatch.store import StoreError, open_store
