@@ -38,4 +38,4 @@ system-deps:
 	fi
 
 clean:
-	rm -rf $(VENV) $(TRITON_VENV) tritonwatch-data .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(TRITON_VENV) tritonwatch-data tritonwatch-demo .pytest_cache .mypy_cache .ruff_cache

@@ -7,6 +7,9 @@ Each subclasses the builtin a caller would already catch::
                            samples are kept and a later flush retries
     ValueError
      └── QueryError        bad query arguments (start after end, step <= 0, unknown agg...)
+    RuntimeError
+     └── WriterLockHeld    another ``serve`` holds the store's single-writer lock
+                           (``store.writer_lock``); the message names it
 
 Messages name the store by its redacted URL, never with the password.
 """
@@ -25,3 +28,12 @@ class StoreError(ConnectionError):
 
 class QueryError(ValueError):
     """A query was called with arguments that cannot be answered."""
+
+
+class WriterLockHeld(RuntimeError):
+    """Another process holds the single-writer lock of the store (``store.writer_lock``)."""
+
+    def __init__(self, message: str, *, holder: str) -> None:
+        super().__init__(message)
+        #: Who holds it, as far as the lock tells (pid, host, start time), for messages.
+        self.holder = holder

@@ -48,7 +48,8 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from tritonwatch.memory import tune_gc, tune_malloc
-    from tritonwatch.serve import serve
+    from tritonwatch.serve import EXIT_STORE_IN_USE, serve
+    from tritonwatch.store import WriterLockHeld
 
     try:
         config = load_config(args.config)
@@ -58,7 +59,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 2
     tune_malloc()
     tune_gc()
-    asyncio.run(serve(config, listen=args.listen))
+    try:
+        asyncio.run(serve(config, listen=args.listen))
+    except WriterLockHeld as exc:
+        _err(f"tritonwatch serve: {exc}")
+        return EXIT_STORE_IN_USE
     return 0
 
 
@@ -84,8 +89,14 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from tritonwatch.demo import run_demo
+    from tritonwatch.serve import EXIT_STORE_IN_USE
+    from tritonwatch.store import WriterLockHeld
 
-    return run_demo(listen=args.listen, duration=args.duration, data_dir=args.data_dir)
+    try:
+        return run_demo(listen=args.listen, duration=args.duration, data_dir=args.data_dir)
+    except WriterLockHeld as exc:
+        _err(f"tritonwatch demo: {exc}")
+        return EXIT_STORE_IN_USE
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
@@ -253,7 +264,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="a real local Triton, load, and serve scraping it")
     p.add_argument("--listen", default="127.0.0.1:8080")
     p.add_argument("--duration", type=float, help="stop after this many seconds (default: Ctrl-C)")
-    p.add_argument("--data-dir", default="tritonwatch-data")
+    # Not serve's default data directory: the demo's store must never be the user's own.
+    p.add_argument("--data-dir", default="tritonwatch-demo")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("record", help="save raw scrapes (+ statistics, model configs) to DIR")

@@ -94,10 +94,12 @@ def test_serve_scrapes_the_rig_and_flushes_on_sigterm(triton_rig, rig_load, tmp_
         assert len(rate.values) >= 2 and min(rate.values) > 0
 
 
-def test_serve_shuts_down_cleanly_when_the_final_flush_fails(tmp_path, monkeypatch, caplog):
+def test_serve_spills_what_the_final_flush_could_not_write_and_stores_it_at_the_next_start(
+        tmp_path, monkeypatch, caplog):
     # The database goes away just before shutdown: the final flush gives up after its attempts,
-    # closing the store must not flush (and fail) once more and raise out of serve(), and the
-    # signal handlers serve() installed must be gone afterwards.
+    # closing the store must not flush (and fail) once more and raise out of serve(), the
+    # samples go to a spill file (one warning line naming it), the signal handlers serve()
+    # installed must be gone afterwards, and the next start writes the spilled samples.
     import asyncio
 
     from tritonwatch import serve as serve_mod
@@ -114,6 +116,7 @@ def test_serve_shuts_down_cleanly_when_the_final_flush_fails(tmp_path, monkeypat
     calls = []
     stop = asyncio.Event()
     url = []
+    ts = time.time()
 
     async def database_goes_away(collector):
         await asyncio.sleep(0.5)  # after the jobs' first runs (a flush of nothing)
@@ -126,7 +129,7 @@ def test_serve_shuts_down_cleanly_when_the_final_flush_fails(tmp_path, monkeypat
                              url=store.url_redacted)
 
         monkeypatch.setattr(store, "_write_chunks", refuse)
-        store.write("t", time.time(), [Sample("x", (), 1.0), Sample("y", (), 2.0)])
+        store.write("t", ts, [Sample("x", (), 1.0), Sample("y", (), 2.0)])
         stop.set()
 
     async def main():
@@ -139,6 +142,17 @@ def test_serve_shuts_down_cleanly_when_the_final_flush_fails(tmp_path, monkeypat
         still_installed = asyncio.run(main())
     assert still_installed == [False, False]
     assert len(calls) == serve_mod.FINAL_FLUSH_ATTEMPTS  # no extra flush on close
-    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
-    assert len(errors) == 1, errors
-    assert "2 buffered samples" in errors[0] and url[0] in errors[0]
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
+    (spill_file,) = (tmp_path / "spill").glob("spill-*.jsonl")
+    kept = [r.getMessage() for r in caplog.records if "saved to" in r.getMessage()]
+    assert len(kept) == 1, kept
+    assert "2 samples" in kept[0] and url[0] in kept[0] and str(spill_file) in kept[0]
+
+    # The next start stores them before anything else, and the file goes.
+    store = serve_mod.prepare_store(config)
+    try:
+        assert [list(p.values) for p in store.range("x", start=ts - 1, end=ts + 1)] == [[1.0]]
+        assert [list(p.values) for p in store.range("y", start=ts - 1, end=ts + 1)] == [[2.0]]
+    finally:
+        store.close()
+    assert not list((tmp_path / "spill").glob("spill-*"))
