@@ -292,13 +292,13 @@ def interrupt_connections(engine: Engine) -> int:
     return guard.interrupt() if guard is not None else 0
 
 
-def refuse_connections(engine: Engine) -> None:
-    """From now on ``engine`` opens no new PostgreSQL connection and hands out none from its
-    pool: at shutdown, after the last write, a late caller must fail at once rather than wait
-    for a connection to a server that does not answer."""
+def refuse_connections(engine: Engine, refuse: bool = True) -> None:
+    """While ``refuse`` holds, ``engine`` opens no new PostgreSQL connection and hands out none
+    from its pool: at shutdown, a caller must fail at once rather than wait for a connection
+    to a server that does not answer.  ``refuse=False`` accepts them again."""
     guard = _GUARDS.get(engine)
     if guard is not None:
-        guard.refusing = True
+        guard.refusing = refuse
 
 
 class _Watchdog:

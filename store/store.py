@@ -269,19 +269,25 @@ class Store:
         return self._stopping.is_set()
 
     def interrupt(self) -> int:
-        """End the database calls in progress now: PostgreSQL connections are cut (busy and
-        idle), so a thread blocked on a server that stopped answering gets a StoreError and a
-        flush puts its samples back in the buffer.  Returns the connections cut (0 on SQLite,
-        whose waits end with its busy timeout).  Later calls connect again as usual."""
+        """End the database calls in progress now, and fail later ones at once until
+        :meth:`resume`: PostgreSQL connections are cut (busy and idle), so a thread blocked on
+        a server that stopped answering gets a StoreError (a flush puts its samples back in
+        the buffer) instead of waiting for a new connection.  Returns the connections cut.
+
+        On SQLite nothing is cut: its waits end with its busy timeout.
+        """
+        refuse_connections(self._engine)
         cut = interrupt_connections(self._engine)
         if cut:
             log.warning("store: cut %d connection(s) to %s", cut, self.url_redacted)
         return cut
 
+    def resume(self) -> None:
+        """Connect again after :meth:`interrupt`."""
+        refuse_connections(self._engine, False)
+
     def abort(self) -> None:
-        """:meth:`interrupt`, and refuse every later database call at once: what is still
-        buffered stays for :meth:`drain`."""
-        refuse_connections(self._engine)
+        """:meth:`interrupt` for good: what is still buffered stays for :meth:`drain`."""
         self.interrupt()
 
     def drain(self) -> Pending:

@@ -38,8 +38,9 @@ from tritonwatch.store.errors import StoreError, WriterLockHeld
 
 log = logging.getLogger(__name__)
 
-#: The advisory lock's key (a bigint; the schema lock is 0x7477_0000).
-PG_LOCK_WRITER = 0x7477_0001
+#: The advisory lock's key (a bigint).  The store's others: 0x7477_0000 (schema, in
+#: ``store.store``) and 0x7477_0001 (rollups, in ``store.write``), both transaction-scoped.
+PG_LOCK_WRITER = 0x7477_0010
 #: The holder information a lock file may hold (it is ours, but it is read before trusting).
 _MAX_HOLDER_BYTES = 4096
 

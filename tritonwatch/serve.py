@@ -13,7 +13,8 @@ counted from the signal:
    finish, and only the runs that actually started are waited for (a *missed* run never
    ends, so it must not be counted);
 3. jobs still running then are stuck on a database that stopped answering: their connections
-   are cut (``Store.interrupt``), which hands their samples back to the buffer;
+   are cut and new ones refused for :data:`INTERRUPT_GRACE_S` (``Store.interrupt``), so they
+   return at once, a flush handing its samples back to the buffer;
 4. the buffer is flushed, retrying, until the deadline less the store's own timeout; then the
    store's connections are cut for good (``Store.abort``) and whatever it did not take
    (samples, target health, probe results) is written to a spill file (``store.spill``) that
@@ -199,11 +200,13 @@ async def _serve(
                 scheduler.pause()
                 if not await drain.wait(JOB_DRAIN_TIMEOUT_S):
                     # Stuck on a database that stopped answering: cut their connections, so
-                    # that they return (a flush hands its samples back to the buffer).
+                    # that they return (a flush hands its samples back to the buffer), then
+                    # let the final flush try again.
                     store.interrupt()
                     if not await drain.wait(INTERRUPT_GRACE_S):
                         log.warning("shutdown: cancelling jobs still running: %s",
                                     ", ".join(drain.names()))
+                    store.resume()
                 scheduler.shutdown(wait=False)
                 if side is not None:
                     side.cancel()
@@ -316,10 +319,11 @@ def close_store(
         give_up.set()
         log.warning("final flush: %s has not answered by the shutdown deadline; its "
                     "connections are cut", store.url_redacted)
-    # Whatever happened, nothing may use the store any more: a request or job still running
-    # fails at once instead of opening a connection.
-    store.abort()
-    worker.join(max(0.0, deadline - time.monotonic()))
+    if worker.is_alive() or errors:
+        # Nothing may wait on this database any more: a request or job still running fails
+        # at once instead of opening a connection, and the flush returns what it holds.
+        store.abort()
+        worker.join(max(0.0, deadline - time.monotonic()))
     pending = store.drain()
     if pending:
         _keep(store, pending, spill_to, errors[-1] if errors else None)
