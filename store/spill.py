@@ -68,6 +68,10 @@ def write(directory: Path, store: str, pending: Pending) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     path = directory / f"spill-{stamp}-{os.getpid()}.jsonl"
+    n = 0
+    while path.exists():  # never over another spill (same second, same process)
+        n += 1
+        path = directory / f"spill-{stamp}-{os.getpid()}-{n}.jsonl"
     tmp = directory / f".{path.name}.tmp"
     counts = {"samples": pending.samples, "health": len(pending.health),
               "probe_results": len(pending.probe_rows)}

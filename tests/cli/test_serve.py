@@ -156,3 +156,73 @@ def test_serve_spills_what_the_final_flush_could_not_write_and_stores_it_at_the_
     finally:
         store.close()
     assert not list((tmp_path / "spill").glob("spill-*"))
+
+
+def test_running_jobs_count_a_missed_run_as_ended():
+    # A real scheduler: a run due 10 s ago with 1 s of grace is submitted, then missed, and
+    # no executed or error event ever follows; a run that raises, and one that works, end too.
+    import asyncio
+    from datetime import UTC, datetime, timedelta
+
+    from apscheduler.schedulers.asyncio import AsyncIOScheduler
+
+    from tritonwatch.serve import _RunningJobs
+
+    async def ok():
+        await asyncio.sleep(0.2)
+
+    async def boom():
+        raise RuntimeError("boom")
+
+    async def main():
+        scheduler = AsyncIOScheduler(timezone="UTC")
+        now = datetime.now(UTC)
+        for job_id, func, when in (("late", ok, now - timedelta(seconds=10)),
+                                   ("fails", boom, now), ("works", ok, now)):
+            scheduler.add_job(func, "interval", seconds=3600, id=job_id, next_run_time=when,
+                              misfire_grace_time=1, coalesce=True, max_instances=1)
+        running = _RunningJobs(scheduler)
+        scheduler.start()
+        await asyncio.sleep(0.05)
+        seen = dict(running.running)
+        done = await running.wait(10)
+        scheduler.shutdown(wait=False)
+        return seen, done, running.running
+
+    seen, done, left = asyncio.run(main())
+    assert "works" in seen  # it was counted while it ran
+    assert done and left == {}
+
+
+def test_close_store_ends_by_its_deadline_and_spills_while_sqlite_stays_locked(
+        tmp_path, monkeypatch, caplog):
+    # Another program holds SQLite's write lock past the shutdown deadline (a real lock): the
+    # final flush retries until the deadline, less the store's timeout that a busy wait in
+    # progress may still take, then the samples go to a spill file.
+    import sqlite3
+
+    from tritonwatch import serve as serve_mod
+    from tritonwatch.schemas.samples import Sample
+    from tritonwatch.store import spill
+
+    monkeypatch.setattr(serve_mod, "STORE_TIMEOUT_S", 1.0)
+    db = tmp_path / "tw.db"
+    store = open_store(f"sqlite:///{db}", timeout_s=1.0)
+    store.create_schema()
+    store.write("t", 1_700_000_000, [Sample("x", (), 1.0)])
+    other = sqlite3.connect(db, isolation_level=None)
+    other.execute("BEGIN EXCLUSIVE")
+    try:
+        start = time.monotonic()
+        with caplog.at_level("INFO", logger="tritonwatch.serve"):
+            serve_mod.close_store(store, deadline=start + 4.0, spill_to=tmp_path / "spill")
+        took = time.monotonic() - start
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    assert took < 4.0 + 2.0, took  # the deadline, and a generous second or two of slack
+    attempts = [r for r in caplog.records if "final flush failed (attempt" in r.getMessage()]
+    assert len(attempts) >= 2  # it did retry
+    (path,) = (tmp_path / "spill").glob("spill-*.jsonl")
+    _, pending = spill.read(path)
+    assert pending.samples == 1
