@@ -191,8 +191,8 @@ async def _serve(
                 await server.serve()
             finally:
                 stop.set()
-                deadline = (stopped_at[0] if stopped_at else time.monotonic()) + (
-                    SHUTDOWN_TIMEOUT_S)
+                signalled = stopped_at[0] if stopped_at else time.monotonic()
+                deadline = signalled + SHUTDOWN_TIMEOUT_S
                 # Start nothing new, let running jobs (a scrape, a probe run, an evaluation in
                 # its worker thread) finish, then stop: cancelling them mid-way would lose their
                 # results and could close the store under an evaluation still writing to it.
