@@ -39,4 +39,4 @@ system-deps:
 	@command -v chromium >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
 
 clean:
-	rm -rf $(VENV) $(TRITON_VENV) tritonwatch-data .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(TRITON_VENV) tritonwatch-data tritonwatch-demo .pytest_cache .mypy_cache .ruff_cache

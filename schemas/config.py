@@ -320,6 +320,15 @@ class StoreConfig(_Frozen):
     it touches, so fewer, larger commits are cheaper; the buffer holds up to 10x this while the
     database is unavailable."""
     retention: RetentionConfig = RetentionConfig()
+    statement_timeout: PositiveDuration = 60.0
+    """PostgreSQL: the server cancels a statement after this long; a server that does not
+    answer for this plus 10 s (a frozen host) has its connection dropped by the client."""
+    spill_dir: str | None = None
+    """Where ``serve`` writes what the store would not take at shutdown, to store it at the
+    next start; default ``spill/`` beside the SQLite file, or ``tritonwatch-data/spill``."""
+    writer_lock: bool = True
+    """PostgreSQL: refuse to start while another ``serve`` writes to the same database (an
+    advisory lock).  SQLite always takes its lock file."""
 
     @field_validator("url")
     @classmethod

@@ -9,18 +9,20 @@ Typical use (see ``store.store`` for the write path and its guarantees)::
     store.range("nv_inference_count", start=t0, end=t1, match={"model": "resnet"})
 """
 
-from tritonwatch.store.errors import QueryError, StoreError
+from tritonwatch.store.errors import QueryError, StoreError, WriterLockHeld
 from tritonwatch.store.query import Agg
-from tritonwatch.store.store import Store, open_store
+from tritonwatch.store.store import Pending, Store, open_store
 from tritonwatch.store.values import SeriesColumns, SeriesData, SeriesKey
 
 __all__ = [
     "Agg",
+    "Pending",
     "QueryError",
     "SeriesColumns",
     "SeriesData",
     "SeriesKey",
     "Store",
     "StoreError",
+    "WriterLockHeld",
     "open_store",
 ]

@@ -5,7 +5,21 @@ the last commits on power loss; that is the usual trade for a metrics store) and
 so a second process (the dashboard, a second collector) waits for the lock instead of failing.
 
 PostgreSQL always goes through psycopg 3, whatever driver the URL named, because the write path
-uses its COPY support.
+uses its COPY support.  No PostgreSQL call waits forever:
+
+- connecting gives up after the store's timeout (``connect_timeout``), and so does waiting for
+  a pooled connection (``pool_timeout``);
+- the server cancels a statement after ``statement_timeout``;
+- TCP keepalives and ``tcp_user_timeout`` drop a connection to a host that has gone away
+  (powered off, partitioned) within about :data:`PG_TCP_USER_TIMEOUT_S`;
+- a server that is there but does not answer (a frozen host or process: its kernel still
+  acknowledges every packet, so TCP sees nothing wrong and it cannot cancel its own statement)
+  is caught by :class:`ConnectionGuard`, which cuts a connection once it has been waiting
+  ``statement_timeout`` + :data:`UNRESPONSIVE_GRACE_S` for an answer.  The caller gets a
+  StoreError, as for any other outage, and its data stays buffered.
+
+``interrupt_connections`` and ``refuse_connections`` let shutdown end database calls that
+would not end by themselves (``store.Store.interrupt`` and ``abort``).
 """
 
 from __future__ import annotations
@@ -13,13 +27,18 @@ from __future__ import annotations
 import logging
 import math
 import os
+import socket
+import threading
+import time
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import psycopg
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError
+from sqlalchemy.exc import ArgumentError, DisconnectionError
 
 log = logging.getLogger(__name__)
 
@@ -69,18 +88,261 @@ def _redact_text(url: str) -> str:
     return url
 
 
-def build_engine(url: URL, *, timeout_s: float) -> Engine:
-    """An engine for ``url`` (from :func:`parse_url`) with the per-backend settings applied."""
+#: PostgreSQL's ``statement_timeout`` unless the caller sets another (``store.statement_timeout``).
+DEFAULT_STATEMENT_TIMEOUT_S = 60.0
+#: How much longer than ``statement_timeout`` a PostgreSQL connection may wait for an answer
+#: before :class:`ConnectionGuard` cuts it: the server had its chance to cancel the statement.
+UNRESPONSIVE_GRACE_S = 10.0
+#: TCP keepalive: first probe after this much idle time, then every interval, ``count`` tries.
+PG_KEEPALIVES_IDLE_S = 10
+PG_KEEPALIVES_INTERVAL_S = 5
+PG_KEEPALIVES_COUNT = 3
+#: Sent data left unacknowledged this long drops the connection (``tcp_user_timeout``).
+PG_TCP_USER_TIMEOUT_S = 30
+#: ``application_name`` of the store's PostgreSQL sessions (unless the URL names another).
+APPLICATION_NAME = "tritonwatch"
+
+
+def build_engine(
+    url: URL, *, timeout_s: float, statement_timeout_s: float = DEFAULT_STATEMENT_TIMEOUT_S
+) -> Engine:
+    """An engine for ``url`` (from :func:`parse_url`) with the per-backend settings applied.
+
+    ``timeout_s`` bounds the wait for SQLite's write lock, for a PostgreSQL connection and for
+    a connection from the pool; ``statement_timeout_s`` is PostgreSQL's ``statement_timeout``.
+    """
     if url.get_backend_name() == "sqlite":
         return _sqlite_engine(url, timeout_s=timeout_s)
-    return create_engine(
+    engine = create_engine(
         url,
-        # A restarted server leaves dead connections in the pool; test them on checkout rather
-        # than failing the first flush after every PostgreSQL restart.
-        pool_pre_ping=True,
-        # libpq takes whole seconds and treats values below 2 as 2.
-        connect_args={"connect_timeout": max(2, math.ceil(timeout_s))},
+        pool_timeout=timeout_s,
+        connect_args=pg_connect_args(url, timeout_s=timeout_s,
+                                     statement_timeout_s=statement_timeout_s),
     )
+    # A restarted server leaves dead connections in the pool: the guard tests each on checkout
+    # (what ``pool_pre_ping`` does, but inside its own watch, see ConnectionGuard).
+    ConnectionGuard(engine, limit_s=statement_timeout_s + UNRESPONSIVE_GRACE_S)
+    return engine
+
+
+def pg_connect_args(
+    url: URL, *, timeout_s: float, statement_timeout_s: float = DEFAULT_STATEMENT_TIMEOUT_S,
+    application_name: str | None = None,
+) -> dict[str, Any]:
+    """psycopg connection parameters: timeouts, keepalives, ``application_name``.
+
+    Options the URL already carries (``?options=-c search_path=...``) are kept.
+    """
+    options = [str(url.query["options"])] if "options" in url.query else []
+    options.append(f"-c statement_timeout={max(1, round(statement_timeout_s * 1000)):d}")
+    return {
+        # libpq takes whole seconds and treats values below 2 as 2.
+        "connect_timeout": max(2, math.ceil(timeout_s)),
+        "keepalives": 1,
+        "keepalives_idle": PG_KEEPALIVES_IDLE_S,
+        "keepalives_interval": PG_KEEPALIVES_INTERVAL_S,
+        "keepalives_count": PG_KEEPALIVES_COUNT,
+        "tcp_user_timeout": PG_TCP_USER_TIMEOUT_S * 1000,
+        "options": " ".join(options),
+        "application_name": application_name or str(
+            url.query.get("application_name", APPLICATION_NAME)
+        ),
+    }
+
+
+class ConnectionGuard:
+    """Watches one PostgreSQL engine's connections and cuts those whose server stopped answering.
+
+    A connection counts as waiting from the moment it is checked out of the pool (and pinged),
+    a statement starts or ends, or a transaction commits or rolls back, until it is checked
+    back in.  One that has waited ``limit_s`` is cut: its socket is shut down, which ends the
+    blocked call at once with an OperationalError (SQLAlchemy then discards the connection).
+    Time spent in Python between two statements of a transaction counts too, which is why the
+    limit is far above any such gap.
+
+    Cutting the socket is the only way to end a call to a server that is frozen rather than
+    gone: its kernel acknowledges every packet, so neither keepalives nor ``tcp_user_timeout``
+    fire, and it cannot run its own ``statement_timeout``; a cancel request would go to its
+    (equally frozen) postmaster.
+    """
+
+    def __init__(self, engine: Engine, *, limit_s: float) -> None:
+        self.limit_s = limit_s
+        self.refusing = False
+        self._lock = threading.Lock()
+        # Every open connection of the engine, and since when each checked-out one waits.
+        self._open: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._waiting: dict[int, tuple[Any, float]] = {}
+        self._fresh: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._dialect = engine.dialect
+        self._name = redact(engine.url)
+        _GUARDS[engine] = self
+        event.listen(engine, "do_connect", self._do_connect)
+        event.listen(engine.pool, "connect", self._on_connect)
+        event.listen(engine.pool, "checkout", self._on_checkout)
+        event.listen(engine.pool, "checkin", self._on_checkin)
+        event.listen(engine.pool, "reset", self._on_activity_record)
+        event.listen(engine, "before_cursor_execute", self._on_statement)
+        event.listen(engine, "after_cursor_execute", self._on_statement)
+        event.listen(engine, "commit", self._on_transaction)
+        event.listen(engine, "rollback", self._on_transaction)
+        _watchdog().add(self)
+
+    # --- events ------------------------------------------------------------------------------
+
+    def _do_connect(self, *_args: Any) -> None:
+        if self.refusing:
+            # A DBAPI error, so that SQLAlchemy and the store report it like any other.
+            raise psycopg.OperationalError(f"{self._name}: the store is shutting down")
+
+    def _on_connect(self, dbapi_connection: Any, _record: Any) -> None:
+        with self._lock:
+            self._open.add(dbapi_connection)
+            self._fresh.add(dbapi_connection)
+
+    def _on_checkout(self, dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
+        self._touch(dbapi_connection)
+        if self.refusing:
+            raise DisconnectionError("the store is shutting down")
+        with self._lock:
+            fresh = dbapi_connection in self._fresh
+            self._fresh.discard(dbapi_connection)
+        if fresh:
+            return
+        try:
+            self._dialect.do_ping(dbapi_connection)
+        except psycopg.Error as exc:
+            # The pool replaces the connection (a server restart leaves only dead ones).
+            raise DisconnectionError(f"connection lost: {exc}") from exc
+        self._touch(dbapi_connection)
+
+    def _on_checkin(self, dbapi_connection: Any, _record: Any) -> None:
+        if dbapi_connection is not None:
+            with self._lock:
+                self._waiting.pop(id(dbapi_connection), None)
+
+    def _on_activity_record(self, dbapi_connection: Any, *_args: Any) -> None:
+        self._touch(dbapi_connection)
+
+    def _on_statement(self, conn: Connection, *_args: Any) -> None:
+        self._touch(conn.connection.dbapi_connection)
+
+    def _on_transaction(self, conn: Connection) -> None:
+        self._touch(conn.connection.dbapi_connection)
+
+    def _touch(self, dbapi_connection: Any) -> None:
+        if dbapi_connection is not None:
+            with self._lock:
+                self._waiting[id(dbapi_connection)] = (dbapi_connection, time.monotonic())
+
+    # --- cutting -----------------------------------------------------------------------------
+
+    def check(self, now: float) -> None:
+        """Cut the connections that have waited ``limit_s`` (the watchdog calls this)."""
+        with self._lock:
+            stuck = [(c, now - since) for c, since in self._waiting.values()
+                     if now - since > self.limit_s]
+            for c, _ in stuck:
+                self._waiting.pop(id(c), None)
+        for c, waited in stuck:
+            if _shut_down(c):
+                log.warning("store: %s has not answered for %.0f s; connection dropped",
+                            self._name, waited)
+
+    def interrupt(self) -> int:
+        """Cut every open connection, busy or idle; returns how many were cut.
+
+        Idle ones are cut too: on a server that stopped answering, their next ping would hang.
+        """
+        with self._lock:
+            conns = list(self._open)
+            self._waiting.clear()
+        return sum(_shut_down(c) for c in conns)
+
+
+def _shut_down(dbapi_connection: Any) -> bool:
+    """Shut down the socket under a psycopg connection; False if it was already closed."""
+    try:
+        if dbapi_connection.closed:
+            return False
+        fd = dbapi_connection.pgconn.socket
+    except psycopg.Error:
+        return False
+    try:
+        # A duplicate descriptor: closing it leaves libpq's own, which libpq closes itself.
+        sock = socket.socket(fileno=os.dup(fd))
+    except OSError:
+        return False
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        return False
+    finally:
+        sock.close()
+    return True
+
+
+_GUARDS: weakref.WeakKeyDictionary[Engine, ConnectionGuard] = weakref.WeakKeyDictionary()
+
+
+def interrupt_connections(engine: Engine) -> int:
+    """Cut ``engine``'s open PostgreSQL connections (see :meth:`ConnectionGuard.interrupt`);
+    0 for SQLite, whose calls are bounded by its busy timeout."""
+    guard = _GUARDS.get(engine)
+    return guard.interrupt() if guard is not None else 0
+
+
+def refuse_connections(engine: Engine, refuse: bool = True) -> None:
+    """While ``refuse`` holds, ``engine`` opens no new PostgreSQL connection and hands out none
+    from its pool: at shutdown, a caller must fail at once rather than wait for a connection
+    to a server that does not answer.  ``refuse=False`` accepts them again."""
+    guard = _GUARDS.get(engine)
+    if guard is not None:
+        guard.refusing = refuse
+
+
+class _Watchdog:
+    """One daemon thread checking every guard once a second."""
+
+    def __init__(self) -> None:
+        self._guards: weakref.WeakSet[ConnectionGuard] = weakref.WeakSet()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def add(self, guard: ConnectionGuard) -> None:
+        with self._lock:
+            self._guards.add(guard)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="tritonwatch-store-watchdog", daemon=True
+                )
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(WATCHDOG_INTERVAL_S)
+            with self._lock:
+                guards = list(self._guards)
+            now = time.monotonic()
+            for guard in guards:
+                try:
+                    guard.check(now)
+                except Exception:  # the watchdog must outlive any one engine's trouble
+                    log.exception("store: connection watchdog failed")
+
+
+#: How often the watchdog looks at the waiting connections.
+WATCHDOG_INTERVAL_S = 1.0
+_WATCHDOG: _Watchdog | None = None
+_WATCHDOG_LOCK = threading.Lock()
+
+
+def _watchdog() -> _Watchdog:
+    global _WATCHDOG
+    with _WATCHDOG_LOCK:
+        if _WATCHDOG is None:
+            _WATCHDOG = _Watchdog()
+        return _WATCHDOG
 
 
 #: Prepared statements each SQLite connection keeps (the sqlite3 module's default is 128).
@@ -95,7 +357,7 @@ def _sqlite_engine(url: URL, *, timeout_s: float) -> Engine:
     assert url.database is not None  # parse_url refused the others
     parent = os.path.dirname(os.path.abspath(url.database))
     os.makedirs(parent, exist_ok=True)
-    engine = create_engine(url, connect_args={
+    engine = create_engine(url, pool_timeout=timeout_s, connect_args={
         "check_same_thread": False, "cached_statements": SQLITE_CACHED_STATEMENTS,
     })
     busy_ms = max(1, round(timeout_s * 1000))

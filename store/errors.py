@@ -8,6 +8,9 @@ Each subclasses the builtin a caller would already catch::
     ValueError
      └── QueryError        bad query arguments (start after end, step <= 0, unknown agg...)
           └── LimitExceeded  the query would read more series or samples than its caller allows
+    RuntimeError
+     └── WriterLockHeld    another ``serve`` holds the store's single-writer lock
+                           (``store.writer_lock``); the message names it
 
 Messages name the store by its redacted URL, never with the password.
 """
@@ -40,3 +43,10 @@ class LimitExceeded(QueryError):
         #: ``"series"`` or ``"samples"``.
         self.what = what
         self.limit = limit
+class WriterLockHeld(RuntimeError):
+    """Another process holds the single-writer lock of the store (``store.writer_lock``)."""
+
+    def __init__(self, message: str, *, holder: str) -> None:
+        super().__init__(message)
+        #: Who holds it, as far as the lock tells (pid, host, start time), for messages.
+        self.holder = holder

@@ -17,6 +17,12 @@ and the 1 h watermark back to the start of that bucket's hour; the next rollup s
 buckets again (the upsert makes that safe).  Buckets whose source rows retention has begun to
 delete are never summarised again (the ``*_horizon_ms`` keys): a partial bucket would overwrite
 a complete rollup row.
+
+Stopping.  Every function here takes ``stop``, a callable asked between batches (the store's
+shutdown flag, ``Store.request_stop``): once it answers True the run ends at that batch
+boundary.  What was committed stays, the batch in progress is rolled back, and the next run
+resumes from the watermarks, exactly as after a crash; so shutdown never waits for a run over
+a large store (1.38 M series took a shutdown 36 s) and nothing is left half done.
 """
 
 from __future__ import annotations
@@ -73,6 +79,20 @@ COMPACT_BUSY = "compact_busy_ms"
 COMPACT_AFTER_MS = 600_000
 # Series per compaction transaction: bounds how long one holds the write lock.
 _COMPACT_IDS = 200
+
+
+Gate = AbstractContextManager[Any]
+#: Asked between batches: True once the run should end (see the module docstring).
+Stop = Callable[[], bool]
+
+
+def _never() -> bool:
+    return False
+
+
+class Stopped(Exception):
+    """A run ended early because ``stop`` answered True (raised inside a batch's transaction,
+    it rolls that batch back)."""
 
 
 def get_meta(conn: Connection, key: str) -> str | None:
@@ -199,12 +219,18 @@ def _series_ids(conn: Connection) -> npt.NDArray[np.int64]:
     return np.fromiter(ids, np.int64)
 
 
-def _rollup_raw(conn: Connection, dst: Table, *, lo: int, hi: int, res: int) -> int:
+def _rollup_raw(
+    conn: Connection, dst: Table, *, lo: int, hi: int, res: int, stop: Stop = _never
+) -> int:
     # Rollup rows from raw samples: decoded and aggregated in numpy, a batch of series at a
-    # time (index range scans of the chunks, bounded memory).
+    # time (index range scans of the chunks, bounded memory).  One step covers every series,
+    # thousands of batches in a large store: ``stop`` is asked between them, and rolls the
+    # step back (its watermark with it) when it answers True.
     written = 0
     ids = _series_ids(conn)
     for i in range(0, len(ids), _ID_BATCH):
+        if stop():
+            raise Stopped
         batch = ids[i : i + _ID_BATCH].tolist()
         a = aggregate(raw_samples(conn, batch, lo_ms=lo, hi_ms=hi - 1), res)
         if not len(a.ids):
@@ -221,17 +247,18 @@ def _rollup_raw(conn: Connection, dst: Table, *, lo: int, hi: int, res: int) -> 
     return written
 
 
-Gate = AbstractContextManager[Any]
 
 
 def _roll(
     engine: Engine, *, src: Table, dst: Table, res: int, key: str, horizon_key: str,
-    hi: Callable[[Connection], int | None], chunk: int, gate: Gate,
+    hi: Callable[[Connection], int | None], chunk: int, gate: Gate, stop: Stop,
 ) -> int:
     written = 0
     raw = src is t.sample_chunks
     oldest = src.c.start_ms if raw else src.c.ts
     while True:
+        if stop():
+            raise Stopped
         with gate, transaction(engine, write=True) as conn:
             advisory_lock(conn, _PG_LOCK_ROLLUP)
             # Read under the lock: a flush may have moved a watermark back since the last step.
@@ -257,7 +284,7 @@ def _roll(
                 return written
             step_hi = min(top, lo + chunk)
             if raw:
-                written += _rollup_raw(conn, dst, lo=lo, hi=step_hi, res=res)
+                written += _rollup_raw(conn, dst, lo=lo, hi=step_hi, res=res, stop=stop)
             else:
                 stmt = _rollup_stmt(conn, src, dst, lo=lo, hi=step_hi, res=res)
                 # Not every dialect reports rowcount for INSERT ... SELECT unless asked to.
@@ -266,12 +293,14 @@ def _roll(
             set_meta(conn, key, str(step_hi))
 
 
-def rollup(engine: Engine, *, now_ms: int, gate: Gate | None = None) -> int:
+def rollup(
+    engine: Engine, *, now_ms: int, gate: Gate | None = None, stop: Stop = _never
+) -> int:
     """Summarise completed 5 m buckets from raw samples, then completed hours from 5 m rows.
 
     Each transaction runs inside ``gate`` (the store's flush lock): between two of them a
     waiting flush gets its turn, instead of polling SQLite's busy handler while this loop
-    takes the write lock again and again.
+    takes the write lock again and again.  Raises :class:`Stopped` when ``stop`` ends it.
     """
     gate = gate or nullcontext()
     hi_5m = _floor(now_ms - ROLLUP_GRACE_MS, ROLLUP_5M_MS)
@@ -292,6 +321,7 @@ def rollup(engine: Engine, *, now_ms: int, gate: Gate | None = None) -> int:
         hi=lambda _conn: hi_5m,
         chunk=_CHUNK_5M_MS,
         gate=gate,
+        stop=stop,
     )
     written += _roll(
         engine,
@@ -303,11 +333,14 @@ def rollup(engine: Engine, *, now_ms: int, gate: Gate | None = None) -> int:
         hi=hi_1h,
         chunk=_CHUNK_1H_MS,
         gate=gate,
+        stop=stop,
     )
     return written
 
 
-def compact(engine: Engine, *, now_ms: int, gate: Gate | None = None) -> int:
+def compact(
+    engine: Engine, *, now_ms: int, gate: Gate | None = None, stop: Stop = _never
+) -> int:
     """Merge the chunks of each series in every window (``store.chunks.WINDOW_MS``) that ended
     :data:`COMPACT_AFTER_MS` ago; returns the number of chunks removed.
 
@@ -327,12 +360,15 @@ def compact(engine: Engine, *, now_ms: int, gate: Gate | None = None) -> int:
     samples flushed later into the window win over them as they did over what they replaced.
     Such late samples (older than the compaction watermark) also mark their window
     (:data:`COMPACT_REWIND`, see :func:`rewind_watermarks`) so that it is compacted again; a
-    window interrupted by a crash is done again too (:data:`COMPACT_BUSY`).
+    window interrupted by a crash, or by ``stop``, is done again too (:data:`COMPACT_BUSY`).
+    Raises :class:`Stopped` when ``stop`` ends it.
     """
     gate = gate or nullcontext()
     top = window_start(now_ms - COMPACT_AFTER_MS)
     removed = 0
     while True:
+        if stop():
+            raise Stopped
         with gate, transaction(engine, write=True) as conn:
             advisory_lock(conn, _PG_LOCK_ROLLUP)
             marks = _int_metas(conn, COMPACT_WATERMARK, COMPACT_REWIND, COMPACT_BUSY)
@@ -353,6 +389,8 @@ def compact(engine: Engine, *, now_ms: int, gate: Gate | None = None) -> int:
             # Read again for every window: the late flush that marked it may have created series.
             ids = _series_ids(conn)
         for i in range(0, len(ids), _COMPACT_IDS):
+            if stop():
+                raise Stopped
             with gate, transaction(engine, write=True) as conn:
                 advisory_lock(conn, _PG_LOCK_ROLLUP)
                 removed += _compact_window(conn, ids[i : i + _COMPACT_IDS].tolist(), window)
@@ -384,7 +422,7 @@ def _compact_window(conn: Connection, ids: list[int], window: int) -> int:
 
 
 def _delete_before(
-    engine: Engine, table: Table, cutoff_ms: int, *, batch_rows: int, gate: Gate
+    engine: Engine, table: Table, cutoff_ms: int, *, batch_rows: int, gate: Gate, stop: Stop
 ) -> int:
     """Delete rows with ``ts < cutoff_ms``, at most ``batch_rows`` per transaction.
 
@@ -398,6 +436,8 @@ def _delete_before(
     for i in range(0, len(ids), _ID_BATCH):
         chunk = ids[i : i + _ID_BATCH].tolist()
         while True:
+            if stop():
+                raise Stopped
             victims = (
                 select(c.series_id, c.ts)
                 .where(c.series_id.in_(chunk), c.ts < cutoff_ms)
@@ -413,7 +453,7 @@ def _delete_before(
 
 
 def _delete_chunks_before(
-    engine: Engine, cutoff_ms: int, *, batch_rows: int, gate: Gate
+    engine: Engine, cutoff_ms: int, *, batch_rows: int, gate: Gate, stop: Stop
 ) -> int:
     """Delete raw samples with ``ts < cutoff_ms``; returns how many.
 
@@ -432,6 +472,8 @@ def _delete_chunks_before(
         batch = ids[i : i + _ID_BATCH].tolist()
         old = (c.series_id.in_(batch), c.start_ms < cutoff_ms)
         while True:
+            if stop():
+                raise Stopped
             victims = select(c.series_id, c.start_ms, c.seq).where(*old, c.end_ms < cutoff_ms)
             with gate, transaction(engine, write=True) as conn:
                 advisory_lock(conn, _PG_LOCK_ROLLUP)
@@ -441,6 +483,8 @@ def _delete_chunks_before(
             if len(counts) < batch_rows:
                 break
         while True:
+            if stop():
+                raise Stopped
             with gate, transaction(engine, write=True) as conn:
                 advisory_lock(conn, _PG_LOCK_ROLLUP)
                 rows = conn.execute(
@@ -497,6 +541,7 @@ def apply_retention(
     rollup_1h_ms: int,
     batch_rows: int,
     gate: Gate | None = None,
+    stop: Stop = _never,
 ) -> int:
     """Delete samples, rollup rows and health transitions past their retention.
 
@@ -505,7 +550,7 @@ def apply_retention(
 
     Raw samples are kept until the 5 m rollup has summarised them, and 5 m rows until the 1 h
     rollup has, whatever their age: a stalled rollup job delays retention instead of losing
-    history.
+    history.  Raises :class:`Stopped` when ``stop`` ends it (the next run deletes the rest).
     """
     gate = gate or nullcontext()
     # Under the rollup lock, before anything is deleted: the watermarks cannot move meanwhile,
@@ -526,10 +571,15 @@ def apply_retention(
                 set_meta(conn, key, str(horizon))
     if raw_cutoff < now_ms - raw_ms:
         log.info("retention: raw samples kept until rolled up (5 m watermark %s)", raw_cutoff)
-    deleted = _delete_chunks_before(engine, raw_cutoff, batch_rows=batch_rows, gate=gate)
-    deleted += _delete_before(engine, t.rollups_5m, cutoff_5m, batch_rows=batch_rows, gate=gate)
+    deleted = _delete_chunks_before(
+        engine, raw_cutoff, batch_rows=batch_rows, gate=gate, stop=stop
+    )
     deleted += _delete_before(
-        engine, t.rollups_1h, now_ms - rollup_1h_ms, batch_rows=batch_rows, gate=gate
+        engine, t.rollups_5m, cutoff_5m, batch_rows=batch_rows, gate=gate, stop=stop
+    )
+    deleted += _delete_before(
+        engine, t.rollups_1h, now_ms - rollup_1h_ms, batch_rows=batch_rows, gate=gate,
+        stop=stop,
     )
     with transaction(engine, write=True) as conn:
         # Transitions are tiny; keep them as long as the longest-lived data.

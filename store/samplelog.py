@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import logging
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -254,12 +254,16 @@ def count(conn: Connection) -> int:
     return int(conn.execute(select(func.sum(t.sample_log.c.n))).scalar_one_or_none() or 0)
 
 
-def transpose(engine: Engine, *, gate: AbstractContextManager[Any]) -> int:
+def transpose(
+    engine: Engine, *, gate: AbstractContextManager[Any],
+    stop: Callable[[], bool] = lambda: False,
+) -> int:
     """Move the log into ``sample_chunks``, whole targets at a time; returns samples moved.
 
     Each transaction takes up to :data:`TRANSPOSE_SAMPLES` samples' worth of targets (see the
     module docstring for why whole targets, under the rollup lock).  Rows a flush appends
-    meanwhile stay for the next run.
+    meanwhile stay for the next run, and so do the groups not reached when ``stop`` (asked
+    between transactions) answers True.
     """
     c = t.sample_log.c
     with transaction(engine, write=False) as conn:
@@ -276,6 +280,8 @@ def transpose(engine: Engine, *, gate: AbstractContextManager[Any]) -> int:
         size += int(n)
     moved = 0
     for group in groups:
+        if stop():
+            break
         if not group:
             continue
         try:

@@ -32,7 +32,7 @@ from collections.abc import Callable, Container, Iterable, Iterator, Mapping
 from contextlib import closing, contextmanager
 from operator import itemgetter
 from types import TracebackType
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import psycopg
@@ -45,7 +45,15 @@ from tritonwatch.schemas.samples import Labels, Sample, TargetHealth
 from tritonwatch.schemas.untrusted import db_text
 from tritonwatch.store import maintenance, migrate, query, samplelog
 from tritonwatch.store.chunks import sort_keep_last
-from tritonwatch.store.engine import build_engine, parse_url, redact, transaction
+from tritonwatch.store.engine import (
+    DEFAULT_STATEMENT_TIMEOUT_S,
+    build_engine,
+    interrupt_connections,
+    parse_url,
+    redact,
+    refuse_connections,
+    transaction,
+)
 from tritonwatch.store.errors import QueryError, StoreError
 from tritonwatch.store.values import SeriesColumns, SeriesData, SeriesKey
 from tritonwatch.store.write import (
@@ -85,9 +93,12 @@ _DB_ERRORS = (SQLAlchemyError, psycopg.Error, sqlite3.Error)
 # Arbitrary constant key for pg_advisory_xact_lock around schema creation.
 _PG_LOCK_SCHEMA = 0x7477_0000
 
-# One buffered scrape, column-wise: (target, ts_ms, sample names, label tuples, values, how
-# many values are NaN).
-_Chunk = tuple[str, int, list[str], list[Labels], np.ndarray[Any, np.dtype[np.float64]], int]
+#: One buffered scrape, column-wise: (target, ts_ms, sample names, label tuples, values, how
+#: many values are NaN).
+BufferedScrape = tuple[
+    str, int, list[str], list[Labels], np.ndarray[Any, np.dtype[np.float64]], int
+]
+_Chunk = BufferedScrape
 
 #: Told, after a flush that dropped samples of series a target's series limit refused:
 #: ``(target, series refused, samples dropped)``.  Called in the flushing thread.
@@ -98,26 +109,60 @@ _LABELS = itemgetter(1)
 _VALUE = itemgetter(2)
 
 
-def open_store(url: str, *, batch_rows: int = 50_000, timeout_s: float = 10.0) -> Store:
+def open_store(
+    url: str, *, batch_rows: int = 50_000, timeout_s: float = 10.0,
+    statement_timeout_s: float = DEFAULT_STATEMENT_TIMEOUT_S,
+) -> Store:
     """Open the store at ``url``: ``sqlite:///path.db`` or ``postgresql://user:pw@host/db``.
 
     Connects lazily: a down database fails the first statement, not this call.
     ``timeout_s`` bounds how long a statement waits for SQLite's write lock, or for a
-    PostgreSQL connection.  Raises ValueError for an unsupported URL.
+    PostgreSQL connection (new or from the pool); ``statement_timeout_s`` is PostgreSQL's
+    ``statement_timeout`` (``store.engine`` explains how a server that stops answering is
+    caught).  Raises ValueError for an unsupported URL.
     """
-    return Store(url, batch_rows=batch_rows, timeout_s=timeout_s)
+    return Store(url, batch_rows=batch_rows, timeout_s=timeout_s,
+                 statement_timeout_s=statement_timeout_s)
+
+
+class Pending(NamedTuple):
+    """What a store held unwritten when :meth:`Store.drain` took it (e.g. for a spill file)."""
+
+    scrapes: list[BufferedScrape]
+    health: list[TargetHealth]
+    probe_rows: list[dict[str, Any]]
+    #: What a flush was still writing, not in the lists above (samples, health rows, probe
+    #: results): lost if that flush never ends.
+    in_flight: tuple[int, int, int] = (0, 0, 0)
+
+    @property
+    def samples(self) -> int:
+        return sum(len(values) - nan for _, _, _, _, values, nan in self.scrapes)
+
+    def __bool__(self) -> bool:
+        return bool(self.scrapes or self.health or self.probe_rows)
+
+    def describe(self) -> str:
+        """``"N samples, H health rows and P probe results"``, for log lines."""
+        return (f"{self.samples} samples, {len(self.health)} health rows and "
+                f"{len(self.probe_rows)} probe results")
 
 
 class Store:
     """Buffered writes and the query layer over one database.  Thread-safe."""
 
-    def __init__(self, url: str, *, batch_rows: int = 50_000, timeout_s: float = 10.0) -> None:
+    def __init__(
+        self, url: str, *, batch_rows: int = 50_000, timeout_s: float = 10.0,
+        statement_timeout_s: float = DEFAULT_STATEMENT_TIMEOUT_S,
+    ) -> None:
         if batch_rows < 1:
             raise ValueError(f"batch_rows must be at least 1, got {batch_rows!r}")
         parsed = parse_url(url)
         #: The URL with its password masked: safe for logs and error messages.
         self.url_redacted = redact(parsed)
-        self._engine = build_engine(parsed, timeout_s=timeout_s)
+        self._engine = build_engine(
+            parsed, timeout_s=timeout_s, statement_timeout_s=statement_timeout_s
+        )
         self._batch_rows = batch_rows
         self._max_rows = 10 * batch_rows
         self._lock = threading.Lock()  # guards the buffer
@@ -132,6 +177,11 @@ class Store:
         self._health_up: dict[tuple[str, str], bool] | None = None  # stored up, per source
         self._series_limits: dict[str, int] = {}  # guarded by _flush_lock
         self._on_refused: SeriesRefused | None = None
+        # Samples, health rows and probe results a flush has taken out of the buffer and not
+        # yet settled (guarded by _lock): what drain() cannot save if that flush never ends.
+        self._in_flight = [0, 0, 0]
+        # Set at shutdown: maintenance stops at its next batch boundary (request_stop).
+        self._stopping = threading.Event()
 
     def __repr__(self) -> str:
         return f"Store({self.url_redacted!r})"
@@ -198,18 +248,88 @@ class Store:
                     maintenance.advisory_lock(conn, _PG_LOCK_SCHEMA)
                     maintenance.set_meta(conn, "schema_version", str(t.SCHEMA_VERSION))
 
-    def close(self) -> None:
-        """Flush what is buffered, then release the connections.
+    def close(self, *, flush: bool = True) -> None:
+        """Flush what is buffered (unless ``flush`` is False), then release the connections.
 
-        Raises StoreError if that last flush fails (the samples are then lost).
+        Raises StoreError if that last flush fails (the samples are then lost; ``serve``
+        drains them into a spill file first, see :meth:`drain`).
         """
         if self._closed:
             return
         try:
-            self.flush()
+            if flush:
+                self.flush()
         finally:
             self._closed = True
             self._engine.dispose()
+
+    # --- shutdown ----------------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        """Ask maintenance (rollups, compaction, retention) to stop at its next batch boundary.
+
+        Each batch commits on its own and the next run resumes where this one stopped, so
+        stopping loses no work but the batch in progress (rolled back).  Flushes and reads
+        are not affected.
+        """
+        self._stopping.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    def interrupt(self) -> int:
+        """End the database calls in progress now, and fail later ones at once until
+        :meth:`resume`: PostgreSQL connections are cut (busy and idle), so a thread blocked on
+        a server that stopped answering gets a StoreError (a flush puts its samples back in
+        the buffer) instead of waiting for a new connection.  Returns the connections cut.
+
+        On SQLite nothing is cut: its waits end with its busy timeout.
+        """
+        refuse_connections(self._engine)
+        cut = interrupt_connections(self._engine)
+        if cut:
+            log.warning("store: cut %d connection(s) to %s", cut, self.url_redacted)
+        return cut
+
+    def resume(self) -> None:
+        """Connect again after :meth:`interrupt`."""
+        refuse_connections(self._engine, False)
+
+    def abort(self) -> None:
+        """:meth:`interrupt` for good: what is still buffered stays for :meth:`drain`."""
+        self.interrupt()
+
+    def drain(self) -> Pending:
+        """Take everything buffered out of the store (samples, health, probe results).
+
+        For a store that cannot be written: the caller saves it elsewhere (``store.spill``)
+        and :meth:`restore` puts it back later.
+        """
+        with self._lock:
+            pending = Pending(list(self._buffer), self._health_rows, self._probe_rows,
+                              (self._in_flight[0], self._in_flight[1], self._in_flight[2]))
+            self._buffer, self._rows = deque(), 0
+            self._health_rows, self._probe_rows = [], []
+        return pending
+
+    def restore(self, pending: Pending) -> None:
+        """Buffer what :meth:`drain` took (e.g. read back from a spill file), oldest first,
+        ahead of anything buffered since; written by the next :meth:`flush`.
+
+        The buffer's bound applies as to :meth:`write` (the oldest samples beyond it are
+        dropped, with a warning).
+        """
+        if self._closed:
+            raise StoreError(f"{self.url_redacted}: store is closed", url=self.url_redacted)
+        with self._lock:
+            scrapes = deque(pending.scrapes)
+            scrapes.extend(self._buffer)
+            self._buffer = scrapes
+            self._rows += pending.samples
+            self._trim_locked()
+            self._health_rows[:0] = pending.health
+            self._probe_rows[:0] = pending.probe_rows
 
     # --- writes ------------------------------------------------------------------------------
 
@@ -306,6 +426,7 @@ class Store:
         with self._lock:
             chunks, self._buffer = self._buffer, deque()
             taken, self._rows = self._rows, 0
+            self._in_flight[0] = taken
         if not chunks:
             return 0
         try:
@@ -320,6 +441,9 @@ class Store:
                 self._trim_locked()
             self._retry_after = time.monotonic() + AUTO_FLUSH_BACKOFF_S
             raise
+        finally:
+            with self._lock:
+                self._in_flight[0] = 0
         self._retry_after = 0.0
         return written
 
@@ -552,6 +676,7 @@ class Store:
     def _flush_health_locked(self) -> int:
         with self._lock:
             pending, self._health_rows = self._health_rows, []
+            self._in_flight[1] = len(pending)
         if not pending:
             return 0
         th, thl = t.target_health, t.target_health_log
@@ -588,6 +713,9 @@ class Store:
             with self._lock:
                 self._health_rows[:0] = pending
             raise
+        finally:
+            with self._lock:
+                self._in_flight[1] = 0
         self._health_up = known
         return len(pending)
 
@@ -691,6 +819,7 @@ class Store:
     def _flush_probe_rows_locked(self) -> int:
         with self._lock:
             rows, self._probe_rows = self._probe_rows, []
+            self._in_flight[2] = len(rows)
         if not rows:
             return 0
         try:
@@ -700,6 +829,9 @@ class Store:
             with self._lock:
                 self._probe_rows[:0] = rows
             raise
+        finally:
+            with self._lock:
+                self._in_flight[2] = 0
         return len(rows)
 
     def probe_results(
@@ -904,18 +1036,30 @@ class Store:
 
         First moves the flushes' log into chunks (``store.samplelog``); then compacts the raw
         chunks of hours that ended ``maintenance.COMPACT_AFTER_MS`` before ``now`` (neither
-        counted in the result).
+        counted in the result).  After :meth:`request_stop` it ends at the next batch
+        boundary (``store.maintenance``, "Stopping").
         """
         now_ms = round(now * 1000)
+        stop = self._stopping.is_set
         t0 = time.perf_counter()
         with self._db("move the sample log into chunks"):
-            moved = samplelog.transpose(self._engine, gate=self._flush_lock)
+            moved = samplelog.transpose(self._engine, gate=self._flush_lock, stop=stop)
         t1 = time.perf_counter()
-        with self._db("rollup"):
-            written = maintenance.rollup(self._engine, now_ms=now_ms, gate=self._flush_lock)
-        t2 = time.perf_counter()
-        with self._db("compact"):
-            removed = maintenance.compact(self._engine, now_ms=now_ms, gate=self._flush_lock)
+        written = removed = 0
+        try:
+            with self._db("rollup"):
+                written = maintenance.rollup(
+                    self._engine, now_ms=now_ms, gate=self._flush_lock, stop=stop
+                )
+            t2 = time.perf_counter()
+            with self._db("compact"):
+                removed = maintenance.compact(
+                    self._engine, now_ms=now_ms, gate=self._flush_lock, stop=stop
+                )
+        except maintenance.Stopped:
+            log.info("store: maintenance stopped at a batch boundary (shutting down); the next "
+                     "run resumes it")
+            return written
         # Each phase timed: which one a slow or memory-hungry maintenance run spent itself on.
         log.debug("store: moved %d samples from the log into chunks in %.2f s; %d rollup rows "
                   "in %.2f s; compaction removed %d chunks in %.2f s", moved, t1 - t0, written,
@@ -938,7 +1082,8 @@ class Store:
 
         Returns the number of sample and rollup rows deleted.  Deletes at most ``batch_rows``
         rows per transaction.  Raw samples not yet rolled up are kept (see
-        ``maintenance.apply_retention``).
+        ``maintenance.apply_retention``).  After :meth:`request_stop` it ends at the next
+        batch boundary.
         """
         for setting, value in (
             ("raw_s", raw_s),
@@ -949,15 +1094,23 @@ class Store:
                 raise QueryError(f"retention `{setting}` must be positive, got {value!r}")
         now_ms = round(now * 1000)
         with self._db("apply retention"):
-            deleted = maintenance.apply_retention(
-                self._engine,
-                now_ms=now_ms,
-                raw_ms=round(raw_s * 1000),
-                rollup_5m_ms=round(rollup_5m_s * 1000),
-                rollup_1h_ms=round(rollup_1h_s * 1000),
-                batch_rows=self._batch_rows,
-                gate=self._flush_lock,
-            )
+            try:
+                deleted = maintenance.apply_retention(
+                    self._engine,
+                    now_ms=now_ms,
+                    raw_ms=round(raw_s * 1000),
+                    rollup_5m_ms=round(rollup_5m_s * 1000),
+                    rollup_1h_ms=round(rollup_1h_s * 1000),
+                    batch_rows=self._batch_rows,
+                    gate=self._flush_lock,
+                    stop=self._stopping.is_set,
+                )
+            except maintenance.Stopped:
+                log.info("store: retention stopped at a batch boundary (shutting down); the "
+                         "next run resumes it")
+                return 0
+            if self.stopping:  # one statement over every series: not at shutdown
+                return deleted
             # Under the flush lock: a flush of this process may have just resolved a series
             # that now looks empty; it must insert its samples before the series can go.
             with self._flush_lock:

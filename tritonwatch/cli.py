@@ -7,6 +7,8 @@ what to do, never a traceback (``-v`` adds it).  Exit codes, the same for every 
 - ``1`` (:data:`EXIT_FAILURE`): it ran and failed (a store that cannot be opened or written,
   a port in use, every probe request failed, a scrape that could not be read);
 - ``2`` (:data:`EXIT_USAGE`): bad arguments or an invalid configuration, rules or input file;
+- ``3`` (:data:`tritonwatch.serve.EXIT_STORE_IN_USE`): ``serve``/``demo`` found another
+  process holding the store's single-writer lock;
 - ``130`` (:data:`EXIT_INTERRUPTED`): Ctrl-C (``probe`` prints what it measured so far,
   ``record`` keeps every scrape it saved).
 """
@@ -105,8 +107,8 @@ def listen_problem(listen: str) -> str | None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from tritonwatch.memory import tune_gc, tune_malloc
-    from tritonwatch.serve import serve
-    from tritonwatch.store import StoreError
+    from tritonwatch.serve import EXIT_STORE_IN_USE, serve
+    from tritonwatch.store import StoreError, WriterLockHeld
 
     try:
         config = load_config(args.config)
@@ -125,6 +127,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     store = redact_text(config.store.url)
     try:
         asyncio.run(serve(config, listen=listen))
+    except WriterLockHeld as exc:
+        # Before StoreError: another serve writes to this store; the message names it.
+        _err(f"serve: {exc}")
+        return EXIT_STORE_IN_USE
     except StoreError as exc:
         # Its message names the store by its redacted URL and says what failed.
         _traceback(args)
@@ -184,8 +190,14 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from tritonwatch.demo import run_demo
+    from tritonwatch.serve import EXIT_STORE_IN_USE
+    from tritonwatch.store import WriterLockHeld
 
-    return run_demo(listen=args.listen, duration=args.duration, data_dir=args.data_dir)
+    try:
+        return run_demo(listen=args.listen, duration=args.duration, data_dir=args.data_dir)
+    except WriterLockHeld as exc:
+        _err(f"tritonwatch demo: {exc}")
+        return EXIT_STORE_IN_USE
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
@@ -372,7 +384,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="a real local Triton, load, and serve scraping it")
     p.add_argument("--listen", default="127.0.0.1:8080")
     p.add_argument("--duration", type=float, help="stop after this many seconds (default: Ctrl-C)")
-    p.add_argument("--data-dir", default="tritonwatch-data")
+    # Not serve's default data directory: the demo's store must never be the user's own.
+    p.add_argument("--data-dir", default="tritonwatch-demo")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("record", help="save raw scrapes (+ statistics, model configs) to DIR")

@@ -8,13 +8,17 @@ arrays; the defaults of both CPython's collector and glibc's malloc are tuned fo
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import ctypes.util
 import gc
 import logging
 import sys
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +80,23 @@ _mallinfo2: Callable[[], _MallInfo2] | None = None
 def can_trim() -> bool:
     """Whether :func:`tune_malloc` found glibc's ``malloc_trim``."""
     return _malloc_trim is not None
+
+
+def install_trim(scheduler: AsyncIOScheduler) -> None:
+    """Schedule :func:`release_free_memory` every :data:`TRIM_INTERVAL_S` (where it can run).
+
+    With the grace time of the collector's jobs (a whole interval): under APScheduler's
+    default of 1 s, any stall of the event loop longer than that when the trim was due (a
+    large flush, a long parse) turned the run into a *missed* one, logged as a warning.
+    """
+    if not can_trim():
+        return
+    scheduler.add_job(
+        asyncio.to_thread, "interval", args=[release_free_memory],
+        seconds=TRIM_INTERVAL_S, id="memory:trim", name="memory:trim",
+        coalesce=True, max_instances=1, misfire_grace_time=int(TRIM_INTERVAL_S),
+        replace_existing=True,
+    )
 
 
 def release_free_memory() -> None:

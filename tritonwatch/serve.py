@@ -1,10 +1,26 @@
 """``tritonwatch serve``: the collector jobs, the store and the API in one asyncio process.
 
-Shutdown order matters for "loses no data": on SIGTERM/SIGINT the API stops accepting
-requests, the scheduler stops starting jobs, running scrapes finish, and only then is the
-store's buffer flushed (retried a few times if the database is briefly away).  If the database
-stays away, one error says how many samples were lost and where; serve() still returns normally
-and always removes the signal handlers it installed.
+Start-up takes the store's single-writer lock first (``store.writer_lock``: a second ``serve``
+on the same database stops with one line naming the first), then writes any spill file the
+last shutdown left (see below) before the first scrape.
+
+Shutdown is bounded and loses no data.  On SIGTERM/SIGINT, with :data:`SHUTDOWN_TIMEOUT_S`
+counted from the signal:
+
+1. the API stops accepting and gets :data:`API_SHUTDOWN_TIMEOUT_S` for the requests in hand;
+   maintenance is asked to stop at its next batch boundary; the scheduler starts nothing new;
+2. running jobs (a scrape, a probe run, an evaluation) get :data:`JOB_DRAIN_TIMEOUT_S` to
+   finish, and only the runs that actually started are waited for (a *missed* run never
+   ends, so it must not be counted);
+3. jobs still running then are stuck on a database that stopped answering: their connections
+   are cut and new ones refused for :data:`INTERRUPT_GRACE_S` (``Store.interrupt``), so they
+   return at once, a flush handing its samples back to the buffer;
+4. the buffer is flushed, retrying, until the deadline less the store's own timeout; then the
+   store's connections are cut for good (``Store.abort``) and whatever it did not take
+   (samples, target health, probe results) is written to a spill file (``store.spill``) that
+   the next start stores.  If even that fails, one error line gives the counts lost.
+
+serve() returns normally in every case and always removes the signal handlers it installed.
 """
 
 from __future__ import annotations
@@ -13,6 +29,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import threading
 import time
 from collections.abc import Callable, Coroutine, Generator
 from pathlib import Path
@@ -22,6 +39,7 @@ import uvicorn
 from apscheduler.events import (
     EVENT_JOB_ERROR,
     EVENT_JOB_EXECUTED,
+    EVENT_JOB_MISSED,
     EVENT_JOB_SUBMITTED,
     JobExecutionEvent,
     JobSubmissionEvent,
@@ -34,9 +52,29 @@ from tritonwatch.alerts.report.job import install_report_job
 from tritonwatch.api.app import create_app
 from tritonwatch.collector.jobs import Collector, SelfMetrics
 from tritonwatch.schemas.config import Config
-from tritonwatch.store import Store, open_store
+from tritonwatch.store import Pending, Store, open_store, spill, writer_lock
+from tritonwatch.store.writer_lock import WriterLock
 
 log = logging.getLogger(__name__)
+
+#: SIGTERM to exit, at most (plus the time to write a spill file: 0.15 s for 1.1 M buffered
+#: samples of 1,000 targets, measured): under Docker's and Kubernetes' 30 s before SIGKILL.
+SHUTDOWN_TIMEOUT_S = 25.0
+#: How long the API's requests in hand get to finish (whole seconds: uvicorn's setting).
+API_SHUTDOWN_TIMEOUT_S = 2
+#: How long shutdown waits for running jobs before cutting their database connections.
+JOB_DRAIN_TIMEOUT_S = 8.0
+#: How long jobs get to return once their connections are cut.
+INTERRUPT_GRACE_S = 2.0
+#: Flush attempts at shutdown, and the pause between two, while the database is briefly away.
+FINAL_FLUSH_ATTEMPTS = 5
+FINAL_FLUSH_DELAY_S = 1.0
+#: The store's timeout (``open_store(timeout_s=...)``): a SQLite busy wait or a PostgreSQL
+#: connect in progress ends within it, which the final flush's deadline leaves room for.
+STORE_TIMEOUT_S = 10.0
+
+#: ``tritonwatch serve``'s exit status when another serve holds the store's writer lock.
+EXIT_STORE_IN_USE = 3
 
 
 class _Server(uvicorn.Server):
@@ -56,9 +94,31 @@ def prepare_store(config: Config) -> Store:
     url = config.store.url
     if url.startswith("sqlite:///"):
         Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    store = open_store(url, batch_rows=config.store.batch_samples)
-    store.create_schema()
+    store = open_store(url, batch_rows=config.store.batch_samples, timeout_s=STORE_TIMEOUT_S,
+                       statement_timeout_s=config.store.statement_timeout)
+    try:
+        store.create_schema()
+        # Before the first scrape: what the last shutdown could not write goes in first.
+        spill.reingest(store, spill_dir(config))
+    except BaseException:
+        store.close(flush=False)
+        raise
     return store
+
+
+def spill_dir(config: Config) -> Path:
+    """Where shutdown writes what the store would not take (``store.spill_dir``)."""
+    if config.store.spill_dir:
+        return Path(config.store.spill_dir)
+    return spill.default_dir(config.store.url)
+
+
+def take_writer_lock(config: Config) -> WriterLock | None:
+    """The store's single-writer lock (see ``store.writer_lock``); raises WriterLockHeld."""
+    url = config.store.url
+    if url.startswith("sqlite:///"):
+        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    return writer_lock.acquire(url, postgres=config.store.writer_lock, timeout_s=STORE_TIMEOUT_S)
 
 
 async def serve(
@@ -69,7 +129,25 @@ async def serve(
     stop: asyncio.Event | None = None,
 ) -> None:
     """Run until SIGTERM/SIGINT (or ``stop`` is set).  ``sidecar`` runs alongside (the demo's
-    live view) and is cancelled at shutdown."""
+    live view) and is cancelled at shutdown.
+
+    Raises WriterLockHeld (before touching the store) when another serve writes to it.
+    """
+    lock = take_writer_lock(config)
+    try:
+        await _serve(config, listen=listen, sidecar=sidecar, stop=stop)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+async def _serve(
+    config: Config,
+    *,
+    listen: str | None,
+    sidecar: Callable[[Collector], Coroutine[Any, Any, None]] | None,
+    stop: asyncio.Event | None,
+) -> None:
     store = prepare_store(config)
     metrics = SelfMetrics()
     collector = Collector(config, store, metrics=metrics)
@@ -79,12 +157,7 @@ async def serve(
     alert_job = AlertJob.from_config(config, store, registry=metrics.registry)
     alert_job.install(scheduler)
     install_report_job(scheduler, config, store)  # weekly SLO report (alerts/report/job.py)
-    if memory.can_trim():
-        scheduler.add_job(
-            asyncio.to_thread, "interval", args=[memory.release_free_memory],
-            seconds=memory.TRIM_INTERVAL_S, id="memory:trim", name="memory:trim",
-            coalesce=True, max_instances=1, replace_existing=True,
-        )
+    memory.install_trim(scheduler)
     host, port = split_listen(listen or config.api.listen)
     # /api/v1/targets lists what this process collects from, not every name the store kept.
     collected = {*collector.targets, *(p.target for p in collector.probes.values())}
@@ -95,15 +168,20 @@ async def serve(
                    api=config.api, targets=collected),
         host=host, port=port,
         log_level="warning", lifespan="off", access_log=False,
+        # Requests blocked on a database that stopped answering must not hold shutdown.
+        timeout_graceful_shutdown=API_SHUTDOWN_TIMEOUT_S,
     ))
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
+    stopped_at: list[float] = []
+    deadline: float | None = None
 
     async def _stop_server() -> None:
         await stop.wait()
+        stopped_at.append(time.monotonic())
         server.should_exit = True
 
     try:
@@ -120,11 +198,22 @@ async def serve(
                 await server.serve()
             finally:
                 stop.set()
+                signalled = stopped_at[0] if stopped_at else time.monotonic()
+                deadline = signalled + SHUTDOWN_TIMEOUT_S
                 # Start nothing new, let running jobs (a scrape, a probe run, an evaluation in
                 # its worker thread) finish, then stop: cancelling them mid-way would lose their
                 # results and could close the store under an evaluation still writing to it.
+                store.request_stop()  # a maintenance run ends at its next batch
                 scheduler.pause()
-                await drain.wait(JOB_DRAIN_TIMEOUT_S)
+                if not await drain.wait(JOB_DRAIN_TIMEOUT_S):
+                    # Stuck on a database that stopped answering: cut their connections, so
+                    # that they return (a flush hands its samples back to the buffer), then
+                    # let the final flush try again.
+                    store.interrupt()
+                    if not await drain.wait(INTERRUPT_GRACE_S):
+                        log.warning("shutdown: cancelling jobs still running: %s",
+                                    ", ".join(drain.names()))
+                    store.resume()
                 scheduler.shutdown(wait=False)
                 if side is not None:
                     side.cancel()
@@ -137,8 +226,10 @@ async def serve(
                 await collector.close()
                 await asyncio.to_thread(alert_job.close)
         finally:
-            # Flushes (retrying), then closes; logs lost samples instead of raising.
-            close_store(store)
+            # Flushes (retrying) until the deadline, then spills what is left; never raises.
+            await asyncio.to_thread(
+                close_store, store, deadline=deadline, spill_to=spill_dir(config),
+            )
     finally:
         # In all cases, so that a later Ctrl-C is not swallowed by a dead event loop's handler.
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -146,20 +237,24 @@ async def serve(
                 loop.remove_signal_handler(sig)
 
 
-#: How long shutdown waits for running jobs before cancelling them.
-JOB_DRAIN_TIMEOUT_S = 20.0
-
-
 class _RunningJobs:
-    """Counts jobs in flight through the scheduler's events, so shutdown can wait for them."""
+    """Counts the job runs in flight through the scheduler's events, so shutdown can wait.
+
+    A submission carries the run times it covers (one with ``coalesce``); each ends in exactly
+    one event: executed, error, or *missed* (too late to start: the run never happens, and no
+    other event follows).  Counting only submissions against executed/error left every missed
+    run counted as running for ever, so the first SIGTERM after one waited the whole drain
+    timeout.
+    """
 
     def __init__(self, scheduler: AsyncIOScheduler) -> None:
         self.running: dict[str, int] = {}
         scheduler.add_listener(self._submitted, EVENT_JOB_SUBMITTED)
-        scheduler.add_listener(self._done, EVENT_JOB_EXECUTED | EVENT_JOB_ERROR)
+        scheduler.add_listener(self._done, EVENT_JOB_EXECUTED | EVENT_JOB_ERROR | EVENT_JOB_MISSED)
 
     def _submitted(self, event: JobSubmissionEvent) -> None:
-        self.running[event.job_id] = self.running.get(event.job_id, 0) + 1
+        runs = max(1, len(event.scheduled_run_times))
+        self.running[event.job_id] = self.running.get(event.job_id, 0) + runs
 
     def _done(self, event: JobExecutionEvent) -> None:
         left = self.running.get(event.job_id, 0) - 1
@@ -168,62 +263,99 @@ class _RunningJobs:
         else:
             self.running.pop(event.job_id, None)
 
-    async def wait(self, timeout: float) -> None:
+    def names(self) -> list[str]:
+        return sorted(self.running)
+
+    async def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the runs in flight; True once none is left."""
         deadline = time.monotonic() + timeout
         while self.running and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         if self.running:
-            log.warning("shutdown: cancelling jobs still running after %.0f s: %s",
-                        timeout, ", ".join(sorted(self.running)))
+            log.warning("shutdown: jobs still running after %.0f s: %s",
+                        timeout, ", ".join(self.names()))
+        return not self.running
 
 
-#: Flush attempts at shutdown, and the pause between two, while the database is briefly away.
-FINAL_FLUSH_ATTEMPTS = 5
-FINAL_FLUSH_DELAY_S = 1.0
+def close_store(
+    store: Store,
+    *,
+    deadline: float | None = None,
+    spill_to: Path | None = None,
+    attempts: int | None = None,
+    delay: float | None = None,
+) -> None:
+    """Flush what is buffered, retrying until ``deadline`` (monotonic), then close the store;
+    never raises StoreError.
 
-
-def close_store(store: Store, attempts: int | None = None, delay: float | None = None) -> None:
-    """Flush what is buffered, retrying, then close the store; never raises StoreError.
-
-    The last attempt is ``store.close()`` itself (which flushes, then releases the connections
-    whether that worked or not), so a database that stays away costs ``attempts`` flushes, not
-    one more.  If it fails, one error names the store and the samples lost.
+    Each attempt runs in a daemon thread of its own, so a database that stopped answering can
+    hold neither this call past the deadline nor the process's exit.  What the store has not
+    taken by then goes to a new spill file in ``spill_to`` (``store.spill``) with one warning
+    line naming the file; without ``spill_to``, or if the file cannot be written, one error
+    line gives the counts lost.
     """
     attempts = FINAL_FLUSH_ATTEMPTS if attempts is None else max(1, attempts)
     delay = FINAL_FLUSH_DELAY_S if delay is None else delay
-    for attempt in range(1, attempts):
+    if deadline is None:
+        deadline = time.monotonic() + SHUTDOWN_TIMEOUT_S
+    # A call already in progress at the deadline (a SQLite busy wait, a PostgreSQL connect)
+    # may take the store's own timeout to return: flushing stops that much earlier.
+    flush_until = deadline - STORE_TIMEOUT_S
+    give_up = threading.Event()
+    errors: list[BaseException] = []
+
+    def flush() -> None:
+        for attempt in range(1, attempts + 1):
+            try:
+                written = store.flush()
+            except ConnectionError as exc:
+                errors.append(exc)
+                log.warning("final flush failed (attempt %d/%d): %s", attempt, attempts, exc)
+                pause = min(delay, flush_until - time.monotonic())
+                if attempt == attempts or pause < 0 or give_up.wait(pause):
+                    return
+            else:
+                errors.clear()
+                log.info("final flush wrote %d samples", written)
+                return
+
+    worker = threading.Thread(target=flush, name="tritonwatch-final-flush", daemon=True)
+    worker.start()
+    worker.join(max(0.0, flush_until - time.monotonic()))
+    if worker.is_alive():
+        give_up.set()
+        log.warning("final flush: %s has not answered by the shutdown deadline; its "
+                    "connections are cut", store.url_redacted)
+    if worker.is_alive() or errors:
+        # Nothing may wait on this database any more: a request or job still running fails
+        # at once instead of opening a connection, and the flush returns what it holds.
+        store.abort()
+        worker.join(max(0.0, deadline - time.monotonic()))
+    pending = store.drain()
+    if pending:
+        _keep(store, pending, spill_to, errors[-1] if errors else None)
+    lost = pending.in_flight
+    if any(lost):
+        log.error("shutdown: %d samples, %d health rows and %d probe results a flush was "
+                  "still writing to %s when it stopped answering are lost",
+                  *lost, store.url_redacted)
+    store.close(flush=False)
+
+
+def _keep(
+    store: Store, pending: Pending, spill_to: Path | None, error: BaseException | None
+) -> None:
+    # The flush's own error names the store; without one, the deadline came first.
+    why = (f"final flush failed: {error}" if error is not None else
+           f"final flush to {store.url_redacted} did not finish by the shutdown deadline")
+    if spill_to is not None:
         try:
-            written = store.flush()
-        except ConnectionError as exc:
-            log.warning("final flush failed (attempt %d/%d): %s", attempt, attempts, exc)
-            time.sleep(delay)
-        else:
-            log.info("final flush wrote %d samples", written)
-            break
-    try:
-        store.close()
-    except ConnectionError as exc:
-        log.error(
-            "final flush failed (attempt %d/%d), giving up: %d buffered samples could not be "
-            "written to %s and are lost: %s",
-            attempts, attempts, store.buffered, store.url_redacted, exc,
-        )
-
-
-def final_flush(store: Store, attempts: int = 5, delay: float = 1.0) -> bool:
-    """Flush the buffer, retrying; True once written.  Logs failures, raises nothing.
-
-    Shutdown uses :func:`close_store`, which also closes the store.
-    """
-    for attempt in range(1, attempts + 1):
-        try:
-            written = store.flush()
-            log.info("final flush wrote %d samples", written)
-            return True
-        except ConnectionError as exc:
-            log.error("final flush failed (attempt %d/%d): %s", attempt, attempts, exc)
-            if attempt < attempts:
-                time.sleep(delay)
-    log.error("giving up: %d buffered samples could not be written to %s",
-              store.buffered, store.url_redacted)
-    return False
+            path = spill.write(spill_to, store.url_redacted, pending)
+        except OSError as exc:
+            log.error("%s; %s could not be written to a spill file in %s either (%s) and are "
+                      "lost", why, pending.describe(), spill_to, exc)
+            return
+        log.warning("%s; %s saved to %s, to be stored at the next start", why,
+                    pending.describe(), path)
+        return
+    log.error("%s; %s are lost", why, pending.describe())

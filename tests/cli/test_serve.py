@@ -94,10 +94,12 @@ def test_serve_scrapes_the_rig_and_flushes_on_sigterm(triton_rig, rig_load, tmp_
         assert len(rate.values) >= 2 and min(rate.values) > 0
 
 
-def test_serve_shuts_down_cleanly_when_the_final_flush_fails(tmp_path, monkeypatch, caplog):
+def test_serve_spills_what_the_final_flush_could_not_write_and_stores_it_at_the_next_start(
+        tmp_path, monkeypatch, caplog):
     # The database goes away just before shutdown: the final flush gives up after its attempts,
-    # closing the store must not flush (and fail) once more and raise out of serve(), and the
-    # signal handlers serve() installed must be gone afterwards.
+    # closing the store must not flush (and fail) once more and raise out of serve(), the
+    # samples go to a spill file (one warning line naming it), the signal handlers serve()
+    # installed must be gone afterwards, and the next start writes the spilled samples.
     import asyncio
 
     from tritonwatch import serve as serve_mod
@@ -114,6 +116,7 @@ def test_serve_shuts_down_cleanly_when_the_final_flush_fails(tmp_path, monkeypat
     calls = []
     stop = asyncio.Event()
     url = []
+    ts = time.time()
 
     async def database_goes_away(collector):
         await asyncio.sleep(0.5)  # after the jobs' first runs (a flush of nothing)
@@ -126,7 +129,7 @@ def test_serve_shuts_down_cleanly_when_the_final_flush_fails(tmp_path, monkeypat
                              url=store.url_redacted)
 
         monkeypatch.setattr(store, "_write_chunks", refuse)
-        store.write("t", time.time(), [Sample("x", (), 1.0), Sample("y", (), 2.0)])
+        store.write("t", ts, [Sample("x", (), 1.0), Sample("y", (), 2.0)])
         stop.set()
 
     async def main():
@@ -139,6 +142,87 @@ def test_serve_shuts_down_cleanly_when_the_final_flush_fails(tmp_path, monkeypat
         still_installed = asyncio.run(main())
     assert still_installed == [False, False]
     assert len(calls) == serve_mod.FINAL_FLUSH_ATTEMPTS  # no extra flush on close
-    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
-    assert len(errors) == 1, errors
-    assert "2 buffered samples" in errors[0] and url[0] in errors[0]
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
+    (spill_file,) = (tmp_path / "spill").glob("spill-*.jsonl")
+    kept = [r.getMessage() for r in caplog.records if "saved to" in r.getMessage()]
+    assert len(kept) == 1, kept
+    assert "2 samples" in kept[0] and url[0] in kept[0] and str(spill_file) in kept[0]
+
+    # The next start stores them before anything else, and the file goes.
+    store = serve_mod.prepare_store(config)
+    try:
+        assert [list(p.values) for p in store.range("x", start=ts - 1, end=ts + 1)] == [[1.0]]
+        assert [list(p.values) for p in store.range("y", start=ts - 1, end=ts + 1)] == [[2.0]]
+    finally:
+        store.close()
+    assert not list((tmp_path / "spill").glob("spill-*"))
+
+
+def test_running_jobs_count_a_missed_run_as_ended():
+    # A real scheduler: a run due 10 s ago with 1 s of grace is submitted, then missed, and
+    # no executed or error event ever follows; a run that raises, and one that works, end too.
+    import asyncio
+    from datetime import UTC, datetime, timedelta
+
+    from apscheduler.schedulers.asyncio import AsyncIOScheduler
+
+    from tritonwatch.serve import _RunningJobs
+
+    async def ok():
+        await asyncio.sleep(0.2)
+
+    async def boom():
+        raise RuntimeError("boom")
+
+    async def main():
+        scheduler = AsyncIOScheduler(timezone="UTC")
+        now = datetime.now(UTC)
+        for job_id, func, when in (("late", ok, now - timedelta(seconds=10)),
+                                   ("fails", boom, now), ("works", ok, now)):
+            scheduler.add_job(func, "interval", seconds=3600, id=job_id, next_run_time=when,
+                              misfire_grace_time=1, coalesce=True, max_instances=1)
+        running = _RunningJobs(scheduler)
+        scheduler.start()
+        await asyncio.sleep(0.05)
+        seen = dict(running.running)
+        done = await running.wait(10)
+        scheduler.shutdown(wait=False)
+        return seen, done, running.running
+
+    seen, done, left = asyncio.run(main())
+    assert "works" in seen  # it was counted while it ran
+    assert done and left == {}
+
+
+def test_close_store_ends_by_its_deadline_and_spills_while_sqlite_stays_locked(
+        tmp_path, monkeypatch, caplog):
+    # Another program holds SQLite's write lock past the shutdown deadline (a real lock): the
+    # final flush retries until the deadline, less the store's timeout that a busy wait in
+    # progress may still take, then the samples go to a spill file.
+    import sqlite3
+
+    from tritonwatch import serve as serve_mod
+    from tritonwatch.schemas.samples import Sample
+    from tritonwatch.store import spill
+
+    monkeypatch.setattr(serve_mod, "STORE_TIMEOUT_S", 1.0)
+    db = tmp_path / "tw.db"
+    store = open_store(f"sqlite:///{db}", timeout_s=1.0)
+    store.create_schema()
+    store.write("t", 1_700_000_000, [Sample("x", (), 1.0)])
+    other = sqlite3.connect(db, isolation_level=None)
+    other.execute("BEGIN EXCLUSIVE")
+    try:
+        start = time.monotonic()
+        with caplog.at_level("INFO", logger="tritonwatch.serve"):
+            serve_mod.close_store(store, deadline=start + 4.0, spill_to=tmp_path / "spill")
+        took = time.monotonic() - start
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    assert took < 4.0 + 2.0, took  # the deadline, and a generous second or two of slack
+    attempts = [r for r in caplog.records if "final flush failed (attempt" in r.getMessage()]
+    assert len(attempts) >= 2  # it did retry
+    (path,) = (tmp_path / "spill").glob("spill-*.jsonl")
+    _, pending = spill.read(path)
+    assert pending.samples == 1

@@ -25,7 +25,8 @@ from tritonwatch.rig import default_venv
 REPO = Path(__file__).resolve().parents[2]
 #: Everything a build must not copy: environments, caches and data of a working checkout.
 _IGNORE = shutil.ignore_patterns(
-    ".git", ".venv", ".venv-*", "tritonwatch-data", "__pycache__", "*.egg-info", "build",
+    ".git", ".venv", ".venv-*", "tritonwatch-data", "tritonwatch-demo", "__pycache__",
+    "*.egg-info", "build",
     ".mypy_cache", ".pytest_cache", ".ruff_cache", ".hypothesis", ".rig-backends", ".gl", ".whl",
 )
 _PRODUCT_FOLDERS = ("schemas", "collector", "store", "alerts", "api", "dashboard")
@@ -117,7 +118,7 @@ def test_the_demo_runs_from_an_empty_directory_with_the_installed_wheel(fresh_en
     assert "Stopped. Sent" in proc.stdout
     sent = int(proc.stdout.split("Stopped. Sent ", 1)[1].split(" ", 1)[0])
     assert sent > 0
-    assert (cwd / "tritonwatch-data" / "tritonwatch.db").stat().st_size > 0
+    assert (cwd / "tritonwatch-demo" / "tritonwatch.db").stat().st_size > 0
     # Nothing was created inside the installed package.
     site = next((fresh_env / "lib").glob("python3*/site-packages"))
     assert not list(site.rglob(".venv-triton")) and not (site / "tests").exists()

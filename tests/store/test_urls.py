@@ -42,3 +42,20 @@ def test_unsupported_urls_are_refused_with_the_url_redacted(url: str, message: s
     with pytest.raises(ValueError, match=message) as caught:
         open_store(url)
     assert "hunter2" not in str(caught.value)
+
+
+def test_postgres_connections_carry_timeouts_keepalives_and_keep_the_urls_options() -> None:
+    from tritonwatch.store.engine import (
+        PG_TCP_USER_TIMEOUT_S,
+        pg_connect_args,
+    )
+
+    url = parse_url("postgresql://u:pw@db/tw?options=-c%20search_path%3Dtw")
+    args = pg_connect_args(url, timeout_s=4.5, statement_timeout_s=30)
+    assert args["connect_timeout"] == 5  # whole seconds, rounded up
+    assert args["options"] == "-c search_path=tw -c statement_timeout=30000"
+    assert args["keepalives"] == 1 and args["keepalives_idle"] > 0
+    assert args["tcp_user_timeout"] == PG_TCP_USER_TIMEOUT_S * 1000
+    assert args["application_name"] == "tritonwatch"
+    named = parse_url("postgresql://u:pw@db/tw?application_name=mine")
+    assert pg_connect_args(named, timeout_s=1)["application_name"] == "mine"
