@@ -69,17 +69,23 @@ def _redact_text(url: str) -> str:
     return url
 
 
-def build_engine(url: URL, *, timeout_s: float) -> Engine:
-    """An engine for ``url`` (from :func:`parse_url`) with the per-backend settings applied."""
+def build_engine(url: URL, *, timeout_s: float, read_only: bool = False) -> Engine:
+    """An engine for ``url`` (from :func:`parse_url`) with the per-backend settings applied.
+
+    ``read_only``: the database itself refuses writes on every connection (SQLite's
+    ``query_only``, PostgreSQL's ``default_transaction_read_only``), for readers that must
+    never write, such as the dashboard.
+    """
     if url.get_backend_name() == "sqlite":
-        return _sqlite_engine(url, timeout_s=timeout_s)
+        return _sqlite_engine(url, timeout_s=timeout_s, read_only=read_only)
+    options = {"options": "-c default_transaction_read_only=on"} if read_only else {}
     return create_engine(
         url,
         # A restarted server leaves dead connections in the pool; test them on checkout rather
         # than failing the first flush after every PostgreSQL restart.
         pool_pre_ping=True,
         # libpq takes whole seconds and treats values below 2 as 2.
-        connect_args={"connect_timeout": max(2, math.ceil(timeout_s))},
+        connect_args={"connect_timeout": max(2, math.ceil(timeout_s)), **options},
     )
 
 
@@ -91,7 +97,7 @@ def build_engine(url: URL, *, timeout_s: float) -> Engine:
 SQLITE_CACHED_STATEMENTS = 16
 
 
-def _sqlite_engine(url: URL, *, timeout_s: float) -> Engine:
+def _sqlite_engine(url: URL, *, timeout_s: float, read_only: bool = False) -> Engine:
     assert url.database is not None  # parse_url refused the others
     parent = os.path.dirname(os.path.abspath(url.database))
     os.makedirs(parent, exist_ok=True)
@@ -111,6 +117,8 @@ def _sqlite_engine(url: URL, *, timeout_s: float) -> Engine:
             cursor.execute(f"PRAGMA busy_timeout = {busy_ms:d}")
             cursor.execute("PRAGMA journal_mode = WAL")
             cursor.execute("PRAGMA synchronous = NORMAL")
+            if read_only:
+                cursor.execute("PRAGMA query_only = ON")
         finally:
             cursor.close()
 
