@@ -46,15 +46,18 @@ def time_chart(df: pd.DataFrame, *, unit: str, legend: str = "series",
     """A line (or stacked area) per ``legend`` value of a long frame (time, value, legend)."""
     data = _utc(df)
     value = "value" if "value" in data.columns else data.columns[-2]
-    y = alt.Y(f"{value}:Q", title=unit,
+    y = alt.Y(f"{value}:Q", title=unit, axis=alt.Axis(format="~s"),
               scale=alt.Scale(domain=[0, y_max]) if y_max is not None else alt.Undefined,
               stack="zero" if mark == "area" else None)
     base = alt.Chart(data)
     drawn = base.mark_area(opacity=0.8) if mark == "area" else base.mark_line(point=False)
+    span = (data["time"].max() - data["time"].min()).total_seconds() if len(data) else 0
+    # Hours and minutes within a day, the date beyond (vega formats in the browser's zone).
+    axis = alt.Axis(format="%H:%M" if span <= 86400 else "%b %d %H:%M", labelOverlap=True)
     chart: Any = drawn.encode(
-        x=alt.X("time:T", title="time (your time zone)"),
+        x=alt.X("time:T", title="time (your time zone)", axis=axis),
         y=y,
-        color=alt.Color(f"{legend}:N", title=legend,
+        color=alt.Color(f"{legend}:N", title=None if legend == "series" else legend,
                         legend=alt.Legend(orient="bottom", labelLimit=280)),
         tooltip=[alt.Tooltip("UTC:N", title="UTC"), alt.Tooltip(f"{legend}:N"),
                  alt.Tooltip(f"{value}:Q", title=unit, format=".4~g")],
@@ -77,6 +80,6 @@ def bar_chart(df: pd.DataFrame, x: str, y: str, *, x_title: str, y_title: str,
         color = alt.Color(f"{highlight}:N", title=highlight,
                           legend=alt.Legend(orient="bottom"))
     return alt.Chart(df).mark_bar().encode(
-        x=alt.X(f"{x}:O", title=x_title), y=alt.Y(f"{y}:Q", title=y_title), color=color,
+        x=alt.X(f"{x}:O", title=x_title, axis=alt.Axis(labelAngle=0)), y=alt.Y(f"{y}:Q", title=y_title), color=color,
         tooltip=[alt.Tooltip(f"{x}:O", title=x_title), alt.Tooltip(f"{y}:Q", title=y_title)],
     ).properties(height=HEIGHT)

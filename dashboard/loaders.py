@@ -300,7 +300,7 @@ def batch_sizes(url: str, target: str, model: str, start: float, end: float,
         size = label_value(lbl, "batch_size")
         if size.isdigit():
             total[int(size)] += float(inc.sum())
-    return pd.DataFrame(sorted(total.items()), columns=["batch size", "executions"])
+    return pd.DataFrame(sorted(total.items()), columns=["batch_size", "executions"])
 
 
 @dataclass(frozen=True)

@@ -71,6 +71,13 @@ def sidebar() -> Selection | None:
         st.caption("Is `tritonwatch serve` running with the same --config, and has it "
                    "created the store?")
         return None
+    try:
+        loaders.slo_specs(settings.rules_file)
+    except loaders.DashboardError as exc:
+        st.error("The rules file is invalid.")
+        st.text(str(exc))
+        st.caption("`tritonwatch check-rules FILE` lists every error with its key path.")
+        return None
     start, end = _range()
     targets = sorted(set(inventory["target"]))
     _from_query("sb_target", "target", [ALL, *targets])

@@ -26,10 +26,22 @@ def _row(labels: dict[str, str], annotations: dict[str, str]) -> dict[str, str]:
     }
 
 
-active = pd.DataFrame([{
+now = loaders.now_quantized()
+# Received from Alertmanager: active while its latest event is a firing one not yet ended.
+received = {}
+for e in events:
+    if e.source != "engine":
+        received[e.fingerprint] = e
+active_rows = [(a.fired_at or a.active_since, {
     **_row(dict(a.labels), dict(a.annotations)), "status": a.status, "source": "engine",
     "since (UTC)": loaders.utc_text(a.fired_at or a.active_since),
-} for a in states if a.status != "resolved"])
+}) for a in states if a.status != "resolved"]
+active_rows += [(e.starts_at, {
+    **_row(dict(e.labels), dict(e.annotations)), "status": "firing", "source": e.source,
+    "since (UTC)": loaders.utc_text(e.starts_at),
+}) for e in received.values() if e.status == "firing" and (e.ends_at is None or e.ends_at > now)]
+# Newest first: what just started is what the on-call engineer is looking for.
+active = pd.DataFrame([row for _, row in sorted(active_rows, key=lambda r: -r[0])])
 history = pd.DataFrame([{
     **_row(dict(e.labels), dict(e.annotations)), "status": e.status, "source": e.source,
     "time (UTC)": loaders.utc_text(e.ts),
@@ -74,3 +86,12 @@ if shown.empty:
     st.info("No alert fired or resolved in this range.")
 else:
     st.dataframe(shown, hide_index=True, width="stretch", key="alerts_history")
+
+st.subheader("One alert in full")
+pick = st.selectbox("Alert", range(len(both)), key="alerts_pick", format_func=lambda i: (
+    f"{both.iloc[i]['status']} {both.iloc[i]['alert']} "
+    f"({both.iloc[i].get('time (UTC)') or both.iloc[i].get('since (UTC)')})"))
+if pick is not None:
+    row = both.iloc[pick]
+    st.text("\n".join(f"{k}: {row[k]}" for k in ("alert", "status", "source", "labels",
+                                                  "summary", "description") if row[k]))

@@ -31,6 +31,9 @@ if models.empty:
 else:
     if sel.target:
         models = models[models["target"] == sel.target]
+    # Change columns only where some model has week-old data (empty ones say nothing).
+    empty = [c for c in models.columns if c.endswith("vs week ago") and models[c].isna().all()]
+    models = models.drop(columns=empty)
     change = {c: st.column_config.NumberColumn(c, format="%+.0f %%")
               for c in models.columns if c.endswith("vs week ago")}
     st.dataframe(
@@ -46,7 +49,9 @@ else:
             **change,
         },
     )
-    st.caption("Change columns are empty until the store holds a week of history.")
+    if empty:
+        st.caption("Changes against a week ago appear once the store holds a week of "
+                   "history of a model.")
 
 st.subheader("SLOs")
 specs = loaders.slo_specs(sel.settings.rules_file)

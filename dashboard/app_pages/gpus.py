@@ -42,7 +42,8 @@ for uuid_series, part in util.groupby("series"):
         mine = other[other["series"] == uuid_series]
         row[column] = mine["value"].iloc[-1] if len(mine) else None
     latest.append(row)
-st.dataframe(pd.DataFrame(latest), hide_index=True, key="gpu_now",
+now_table = pd.DataFrame(latest).dropna(axis="columns", how="all")  # NVML-only columns
+st.dataframe(now_table, hide_index=True, key="gpu_now",
              column_config={c: st.column_config.NumberColumn(c, format="%.1f")
                             for c in ("utilization %", "memory used GiB", "power W",
                                       "temperature °C")})

@@ -30,11 +30,13 @@ for name, part in kv.groupby("series"):
     recent = part[part["time"] >= part["time"].max() - np.timedelta64(30, "m")]
     forecast = "no upward trend"
     if len(recent) >= 3:
+        # Seconds before the last point, so the fit is not swamped by epoch-sized numbers.
         x = recent["time"].astype("int64").to_numpy() / 1e9
-        slope, intercept = np.polyfit(x, recent["value"].to_numpy(), 1)
+        last = x[-1]
+        slope, at_last = np.polyfit(x - last, recent["value"].to_numpy(), 1)
         if slope > 0:
-            full_at = (100 - intercept) / slope
-            forecast = ("full now" if full_at <= x[-1] else
+            full_at = last + (100 - at_last) / slope
+            forecast = ("full now" if full_at <= last else
                         f"full at {loaders.utc_text(full_at)} at the last 30 min's trend")
     st.text(f"{name}: {part['value'].iloc[-1]:.0f} % now; {forecast}")
 st.altair_chart(charts.time_chart(kv, unit="KV cache used %", y_max=100), key="llm_kv")

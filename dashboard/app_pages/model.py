@@ -6,13 +6,24 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from tritonwatch.alerts.detect import fmt_change, fmt_value
+from tritonwatch.alerts.detect import fmt_change
 from tritonwatch.dashboard import charts, loaders
 from tritonwatch.dashboard.state import current
 from tritonwatch.dashboard.text import md
 
 #: A part whose median changed this much between the halves "moved with it".
 MOVED_PERCENT = 10.0
+
+
+
+def fmt_value(value: float, unit: str) -> str:
+    """Like the annotations' numbers, with sub-millisecond times kept readable."""
+    if unit == "ratio":
+        return f"{value * 100:.0f} %"
+    if unit == "s":
+        return f"{value * 1000:.3g} ms"
+    return f"{value:.3g}" + (f" {unit}" if unit else "")
+
 
 sel = current()
 st.header("Model")
@@ -48,8 +59,8 @@ with left:
     if rate.empty:
         st.info("No request rate in this range (the model served no request).")
     else:
-        rate = rate.assign(series="version " + rate["series"])
-        st.altair_chart(charts.time_chart(rate, unit="requests/s", legend="series",
+        rate = rate.rename(columns={"series": "version"})
+        st.altair_chart(charts.time_chart(rate, unit="requests/s", legend="version",
                                           markers=markers), key="model_rate")
 with right:
     st.subheader("Failures by reason")
@@ -58,8 +69,7 @@ with right:
         st.success("No failed request in this range.")
     else:
         fails = fails.rename(columns={"series": "reason"})
-    st.altair_chart(charts.time_chart(fails,
-                                          unit="failed requests/s", legend="reason",
+        st.altair_chart(charts.time_chart(fails, unit="failed requests/s", legend="reason",
                                           markers=markers), key="model_failures")
 
 st.subheader("Latency per request, part by part")
@@ -91,8 +101,8 @@ with left:
         st.info("No batch fill rate in this range.")
     else:
         st.caption(f"Average batch size as % of max_batch_size = {max_batch}")
-        fill = fill.assign(series="version " + fill["series"])
-        st.altair_chart(charts.time_chart(fill, unit="batch fill %", legend="series",
+        fill = fill.rename(columns={"series": "version"})
+        st.altair_chart(charts.time_chart(fill, unit="batch fill %", legend="version",
                                           markers=markers, y_max=100), key="model_fill")
 with right:
     sizes = loaders.batch_sizes(sel.url, target, model, sel.start, sel.end, sel.step)
@@ -100,11 +110,11 @@ with right:
         st.info("No batch statistics in this range (the statistics API needs `http_url` or "
                 "`grpc_url` on the target).")
     else:
-        sizes["preferred"] = ["preferred" if s in preferred else "other"
-                              for s in sizes["batch size"]]
+        sizes["preferred"] = ["preferred size" if s in preferred else "other size"
+                              for s in sizes["batch_size"]]
         st.caption("Executions per batch size" + (
             f"; preferred sizes {', '.join(map(str, preferred))}" if preferred else ""))
-        st.altair_chart(charts.bar_chart(sizes, "batch size", "executions",
+        st.altair_chart(charts.bar_chart(sizes, "batch_size", "executions",
                                          x_title="batch size", y_title="executions",
                                          highlight="preferred"), key="model_batch_sizes")
 

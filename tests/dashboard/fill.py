@@ -155,7 +155,7 @@ def fill_from_rig(config_path: Path, rig: TritonRig, edge: Any | None = None,
     AlertStore(store).append_events([AlertEvent(
         ts=now, fingerprint=fingerprint(labels), labels=labels,
         annotations=make_labels({"summary": XSS_ANNOTATION}), status="firing",
-        starts_at=now - 60, ends_at=None, source="alertmanager:tritonwatch",
+        starts_at=now, ends_at=None, source="alertmanager:tritonwatch",
     )])
     store.close()
     return info
