@@ -80,6 +80,7 @@ def bar_chart(df: pd.DataFrame, x: str, y: str, *, x_title: str, y_title: str,
         color = alt.Color(f"{highlight}:N", title=highlight,
                           legend=alt.Legend(orient="bottom"))
     return alt.Chart(df).mark_bar().encode(
-        x=alt.X(f"{x}:O", title=x_title, axis=alt.Axis(labelAngle=0)), y=alt.Y(f"{y}:Q", title=y_title), color=color,
+        x=alt.X(f"{x}:O", title=x_title, axis=alt.Axis(labelAngle=0)),
+        y=alt.Y(f"{y}:Q", title=y_title), color=color,
         tooltip=[alt.Tooltip(f"{x}:O", title=x_title), alt.Tooltip(f"{y}:Q", title=y_title)],
     ).properties(height=HEIGHT)

@@ -4,7 +4,6 @@ the values the pages show against what the store and the alert layer hold."""
 
 from __future__ import annotations
 
-import math
 import time
 from pathlib import Path
 
