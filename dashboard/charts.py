@@ -42,7 +42,8 @@ def markers_layer(markers: Sequence[Marker]) -> Any:
 def time_chart(df: pd.DataFrame, *, unit: str, legend: str = "series",
                markers: Sequence[Marker] = (), mark: str = "line",
                threshold: float | None = None, threshold_label: str = "SLO",
-               y_max: float | None = None) -> Any:
+               y_max: float | None = None,
+               thresholds: Sequence[tuple[float, str]] = ()) -> Any:
     """A line (or stacked area) per ``legend`` value of a long frame (time, value, legend)."""
     data = _utc(df)
     value = "value" if "value" in data.columns else data.columns[-2]
@@ -53,7 +54,8 @@ def time_chart(df: pd.DataFrame, *, unit: str, legend: str = "series",
     drawn = base.mark_area(opacity=0.8) if mark == "area" else base.mark_line(point=False)
     span = (data["time"].max() - data["time"].min()).total_seconds() if len(data) else 0
     # Hours and minutes within a day, the date beyond (vega formats in the browser's zone).
-    axis = alt.Axis(format="%H:%M" if span <= 86400 else "%b %d %H:%M", labelOverlap=True)
+    fmt = "%H:%M:%S" if span <= 600 else "%H:%M" if span <= 86400 else "%b %d %H:%M"
+    axis = alt.Axis(format=fmt, labelOverlap=True)
     chart: Any = drawn.encode(
         x=alt.X("time:T", title="time (your time zone)", axis=axis),
         y=y,
@@ -62,11 +64,15 @@ def time_chart(df: pd.DataFrame, *, unit: str, legend: str = "series",
         tooltip=[alt.Tooltip("UTC:N", title="UTC"), alt.Tooltip(f"{legend}:N"),
                  alt.Tooltip(f"{value}:Q", title=unit, format=".4~g")],
     ).properties(height=HEIGHT)
-    if threshold is not None:
-        rule = alt.Chart(pd.DataFrame({"y": [threshold], "what": [threshold_label]})).mark_rule(
-            color="#d62728", strokeDash=[6, 3]).encode(
+    lines = list(thresholds) + ([] if threshold is None else [(threshold, threshold_label)])
+    if lines:
+        rules = pd.DataFrame({"y": [y for y, _ in lines], "what": [w for _, w in lines]})
+        base_rules = alt.Chart(rules)
+        chart = chart + base_rules.mark_rule(color="#d62728", strokeDash=[6, 3]).encode(
             y="y:Q", tooltip=[alt.Tooltip("what:N"), alt.Tooltip("y:Q", title=unit)])
-        chart = chart + rule
+        chart = chart + base_rules.mark_text(align="left", dx=4, dy=-6, color="#d62728",
+                                             fontSize=11).encode(
+            x=alt.value(0), y="y:Q", text="what:N")
     layer = markers_layer(markers)
     if layer is not None:
         chart = chart + layer

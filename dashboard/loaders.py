@@ -488,6 +488,11 @@ def slo_status(url: str, rules_file: str | None, name: str,
     return slo_maths.slo_status(_store(url), spec, now)
 
 
+def slo_tiers(spec: SloSpec) -> tuple[slo_maths.Tier, ...]:
+    """The burn-rate tiers of ``spec`` (alerts/windows.yaml), with their thresholds."""
+    return slo_maths.Slo.from_spec(spec).tiers
+
+
 #: Budget burn-down points per SLO period.
 BURN_DOWN_POINTS = 112
 

@@ -88,9 +88,11 @@ else:
     st.dataframe(shown, hide_index=True, width="stretch", key="alerts_history")
 
 st.subheader("One alert in full")
+when = [h if isinstance(h, str) else s for h, s in zip(
+    both.get("time (UTC)", pd.Series([None] * len(both))),
+    both.get("since (UTC)", pd.Series([None] * len(both))), strict=True)]
 pick = st.selectbox("Alert", range(len(both)), key="alerts_pick", format_func=lambda i: (
-    f"{both.iloc[i]['status']} {both.iloc[i]['alert']} "
-    f"({both.iloc[i].get('time (UTC)') or both.iloc[i].get('since (UTC)')})"))
+    f"{both.iloc[i]['status']} {both.iloc[i]['alert']} ({when[i]})"))
 if pick is not None:
     row = both.iloc[pick]
     st.text("\n".join(f"{k}: {row[k]}" for k in ("alert", "status", "source", "labels",

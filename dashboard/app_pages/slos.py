@@ -6,6 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
+from tritonwatch.alerts.detect import fmt_duration
 from tritonwatch.dashboard import charts, loaders
 from tritonwatch.dashboard.state import current
 from tritonwatch.dashboard.text import md
@@ -51,13 +52,16 @@ for i, spec in enumerate(specs):
                             key=f"slo_burndown_{i}")
         with right:
             st.markdown("**Burn rate per slice, and each tier's threshold**")
-            burn = history[["time", "burn rate"]].dropna().rename(
-                columns={"burn rate": "value"}).assign(series="burn rate")
-            st.altair_chart(charts.time_chart(burn, unit="burn rate (x)"),
-                            key=f"slo_burn_{i}")
+            burn = history[["time", "burn rate"]].rename(
+                columns={"burn rate": "value"}).assign(series="burn rate per slice")
+            st.altair_chart(charts.time_chart(
+                burn, unit="burn rate (x)",
+                thresholds=[(t.factor, f"{t.window.name} {t.factor:.3g}x")
+                            for t in loaders.slo_tiers(spec) if t.enabled]),
+                key=f"slo_burn_{i}")
         tiers = pd.DataFrame([{
             "tier": t.name, "severity": t.severity,
-            "windows": f"{t.long_s / 3600:g} h / {t.short_s / 3600:g} h",
+            "windows": f"{fmt_duration(t.long_s)} / {fmt_duration(t.short_s)}",
             "threshold (x)": round(t.factor, 2),
             "long-window burn (x)": None if t.long_burn is None else round(t.long_burn, 2),
             "short-window burn (x)": None if t.short_burn is None else round(t.short_burn, 2),

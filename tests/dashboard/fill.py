@@ -163,8 +163,8 @@ def fill_from_rig(config_path: Path, rig: TritonRig, edge: Any | None = None,
 
 def synthetic_week(store: Store, *, now: float, target: str = "week",
                    model: str = "resnet") -> None:
-    """7 days of 15 s success/failure counters of ``model``: 10 req/s, 0.2 % failing, and
-    one bad hour (a third failing) two days ago; rolled up so long windows read rollups."""
+    """7 days of 15 s success/failure counters of ``model``: 10 req/s, 0.05 % failing, and
+    one bad hour (5 % failing) two days ago; rolled up so long windows read rollups."""
     start = now - 7 * 86400
     success = failure = 0.0
     bad_from, bad_to = now - 2 * 86400, now - 2 * 86400 + 3600
@@ -173,12 +173,12 @@ def synthetic_week(store: Store, *, now: float, target: str = "week",
     ts = start
     while ts <= now:
         bad = bad_from <= ts < bad_to
-        failure += 50.0 if bad else 0.3
-        success += 100.0 if bad else 149.7
+        failure += 7.5 if bad else 0.075
+        success += 142.5 if bad else 149.925
         store.write(target, ts, [
             Sample("nv_inference_request_success", labels, success),
             Sample("nv_inference_request_failure", failed, failure),
-            Sample("sli:request_rate", labels, (100.0 if bad else 149.7) / 15),
+            Sample("sli:request_rate", labels, (142.5 if bad else 149.925) / 15),
         ])
         ts += 15.0
     store.flush()
