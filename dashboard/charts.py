@@ -51,7 +51,10 @@ def time_chart(df: pd.DataFrame, *, unit: str, legend: str = "series",
               scale=alt.Scale(domain=[0, y_max]) if y_max is not None else alt.Undefined,
               stack="zero" if mark == "area" else None)
     base = alt.Chart(data)
-    drawn = base.mark_area(opacity=0.8) if mark == "area" else base.mark_line(point=False)
+    # Points as well where a line has few: a single bucket would otherwise draw nothing.
+    few = len(data) < 20 * max(1, data[legend].nunique()) if len(data) else False
+    drawn = (base.mark_area(opacity=0.8) if mark == "area"
+             else base.mark_line(point=alt.OverlayMarkDef(size=30) if few else False))
     span = (data["time"].max() - data["time"].min()).total_seconds() if len(data) else 0
     # Hours and minutes within a day, the date beyond (vega formats in the browser's zone).
     fmt = "%H:%M:%S" if span <= 600 else "%H:%M" if span <= 86400 else "%b %d %H:%M"

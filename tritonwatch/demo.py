@@ -11,14 +11,17 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import subprocess
 import time
 from pathlib import Path
 
+import yaml
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from tritonwatch import dashboard_cmd
 from tritonwatch.collector.jobs import Collector
 from tritonwatch.loadgen import LoadGenerator
 from tritonwatch.render import model_table
@@ -30,6 +33,9 @@ from tritonwatch.serve import serve
 from tritonwatch.store.alerts import AlertStore
 
 log = logging.getLogger(__name__)
+
+#: Where the demo's dashboard listens (``tritonwatch dashboard``'s default port).
+DASHBOARD_PORT = dashboard_cmd.DEFAULT_PORT
 
 # (seconds, batcher concurrency, LLM streams, KV-cache fraction, fake LLM's TTFT in ms): one
 # act of the demo each.  The last two acts trip the demo's alert rules below.
@@ -101,7 +107,8 @@ def _view(collector: Collector, health_rows: list[TargetHealth], alerts: list[Al
     elapsed = time.monotonic() - started
     header = Text.from_markup(
         f"[bold]tritonwatch demo[/] — {elapsed:.0f} s — {act} — "
-        f"API on http://{collector.config.api.listen}  (Ctrl-C to stop)"
+        f"API on http://{collector.config.api.listen}, dashboard on "
+        f"{dashboard_cmd.url(DASHBOARD_PORT, '127.0.0.1')}  (Ctrl-C to stop)"
     )
     table = model_table(dict(sorted(models.items())), "per model, last scrape interval")
     alert_table = Table(title="alerts (pending and firing)", title_justify="left")
@@ -154,7 +161,7 @@ def run_demo(*, listen: str, duration: float | None, data_dir: str) -> int:
                   f"HTTP {rig.http_url}, gRPC {rig.grpc_url}, metrics {rig.metrics_url}")
     rules = data / "demo-rules.yaml"
     rules.write_text(DEMO_RULES, encoding="utf-8")
-    config = validate_config({
+    settings = {
         "targets": [{"name": "rig", "metrics_url": rig.metrics_url, "http_url": rig.http_url,
                      "grpc_url": rig.grpc_url}],
         # Synthetic users of the fake LLM, over both of Triton's streaming protocols.
@@ -170,7 +177,11 @@ def run_demo(*, listen: str, duration: float | None, data_dir: str) -> int:
         "store": {"url": f"sqlite:///{data}/tritonwatch.db", "flush_interval": "5s"},
         "api": {"listen": listen},
         "alerting": {"rules_file": str(rules), "eval_interval": "5s"},
-    }, "<demo>")
+    }
+    # The dashboard is a second process: it reads the same settings from a file.
+    config_file = data / "demo-config.yaml"
+    config_file.write_text(yaml.safe_dump(settings, sort_keys=False), encoding="utf-8")
+    config = validate_config(settings, str(config_file))
     load = LoadGenerator(rig.grpc_url, concurrency=8, llm_concurrency=2,
                          max_duration=duration or 7 * 86400.0)
     stop = asyncio.Event()
@@ -183,12 +194,21 @@ def run_demo(*, listen: str, duration: float | None, data_dir: str) -> int:
 
         await serve(config, listen=listen, sidecar=sidecar, stop=stop)
 
+    dashboard = dashboard_cmd.start(str(config_file), port=DASHBOARD_PORT,
+                                    address="127.0.0.1", quiet=True)
+    console.print(f"API on http://{listen}, dashboard on "
+                  f"{dashboard_cmd.url(DASHBOARD_PORT, '127.0.0.1')}")
     load.start()
     try:
         asyncio.run(main())
     finally:
         load.stop()
         rig.stop()
+        dashboard.terminate()
+        try:
+            dashboard.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            dashboard.kill()
     stats = load.stats()
     console.print(
         f"Stopped. Sent {stats.batcher.sent} batcher requests ({stats.batcher.failed} failed) "

@@ -34,9 +34,11 @@ for i, spec in enumerate(specs):
         cols[2].metric("burn rate (1 h)", "—" if status.current_burn is None
                        else f"{status.current_burn:.2f}x")
         cols[3].metric("events", f"{status.total:,.0f}")
-        cols[4].metric("exhaustion", "exhausted" if status.exhaustion_in_s == 0 else
-                       ("—" if status.exhausts_at is None
-                        else loaders.utc_text(status.exhausts_at)[:16]))
+        cols[4].metric(
+            "budget exhausted", "already" if status.exhaustion_in_s == 0 else
+            ("never at this burn" if status.exhaustion_in_s is None
+             else f"in {status.exhaustion_in_s / 86400:.1f} d"),
+            help=None if status.exhausts_at is None else loaders.utc_text(status.exhausts_at))
         alerts = [w for w, on in (("page", status.page), ("ticket", status.ticket)) if on]
         if alerts:
             st.error(f"Burn-rate alert firing: {', '.join(alerts)}")

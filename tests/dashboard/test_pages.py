@@ -234,3 +234,12 @@ def test_the_dashboard_store_refuses_writes(rig_store):
         store._rows = 0
 
 
+
+
+def test_dashboard_command_refuses_a_bad_config_naming_the_key(tmp_path, capsys):
+    from tritonwatch.cli import main
+
+    bad = tmp_path / "tw.yaml"
+    bad.write_text("version: 1\nstore: {url: 'mysql://x/y'}\n", encoding="utf-8")
+    assert main(["dashboard", "--config", str(bad)]) == 2
+    assert "store.url" in capsys.readouterr().err
