@@ -30,11 +30,12 @@ $(TRITON_VENV)/.installed:
 	$(TRITON_VENV)/bin/pip install -q nvidia-pytriton==0.7.0
 	touch $@
 
-# PostgreSQL and Alertmanager are real servers the tests start themselves.
+# PostgreSQL and Alertmanager are real servers the tests start themselves; Chromium renders
+# the dashboard in tests/dashboard.
 system-deps:
-	@if [ ! -x /usr/lib/postgresql/15/bin/initdb ] || ! command -v prometheus-alertmanager >/dev/null; then \
+	@if [ ! -x /usr/lib/postgresql/15/bin/initdb ] || ! command -v prometheus-alertmanager >/dev/null || ! command -v chromium >/dev/null; then \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-			postgresql prometheus-alertmanager prometheus >/dev/null; \
+			postgresql prometheus-alertmanager prometheus chromium >/dev/null; \
 	fi
 	@command -v chromium >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
 

@@ -76,6 +76,7 @@ DISPLAY: dict[str, tuple[str, str]] = {
     "sli:queue_time_seconds": ("queue time", "s"),
     "sli:compute_time_seconds": ("compute time", "s"),
     "sli:pending_requests": ("pending requests", ""),
+    "sli:llm_waiting_requests": ("waiting requests", ""),
     "sli:success_ratio": ("success ratio", "ratio"),
     "sli:ttft_seconds": ("server TTFT", "s"),
     "sli:itl_seconds": ("server ITL", "s"),
@@ -585,23 +586,50 @@ def detect(
     return findings
 
 
-def _related(
-    loader: _Loader,
-    spec: RegressionSpec,
-    key: GroupKey,
-    base_window: tuple[float, float],
-    now: float,
-) -> tuple[str, ...]:
-    target, labels = key
-    names = spec.related if spec.related is not None else DEFAULT_RELATED
+class Moved(NamedTuple):
+    """One related series of an instance: its median now and over the baseline window."""
+
+    series: str
+    label: str  # how annotations name it ("queue time")
+    unit: str  # "ratio", "s", "req/s" or ""
+    current: float
+    baseline: float | None  # None: no points in the baseline window
+
+    @property
+    def change(self) -> float | None:
+        """Relative change of the median (``relative_change``); None without a baseline."""
+        return None if self.baseline is None else relative_change(self.current, self.baseline)
+
+    def text(self) -> str:
+        """``queue time 42 ms (+38 %)``, as the annotations quote it."""
+        out = f"{self.label} {fmt_value(self.current, self.unit)}"
+        if self.baseline is not None:
+            out += f" ({fmt_change(self.current, self.baseline)})"
+        return out
+
+
+def moved_with(
+    store: Store | _Loader,
+    names: Sequence[str],
+    target: str,
+    labels: Labels,
+    recent: tuple[float, float],
+    baseline: tuple[float, float],
+    *,
+    step: float = 60.0,
+) -> list[Moved]:
+    """"What moved with it": the medians of ``names`` (series of the same target and
+    model/version as ``labels``) over ``recent`` against ``baseline``, in ``step`` buckets.
+
+    The regression rules quote this in their annotations; the dashboard's "why" panel shows
+    it over the window the user looks at.  Series without points in ``recent`` are left out.
+    """
+    loader = store if isinstance(store, _Loader) else _Loader(store, step)
     want = _load_match(labels)
-    out: list[str] = []
-    recent_start = now - spec.recent_window
+    out: list[Moved] = []
     for name in names:
-        if name == spec.series or name == spec.load_series:
-            continue
-        cur_data = loader.get(name, recent_start, now + spec.step, want, target)
-        base_data = loader.get(name, base_window[0], base_window[1], want, target)
+        cur_data = loader.get(name, recent[0], recent[1], want, target)
+        base_data = loader.get(name, baseline[0], baseline[1], want, target)
 
         def pick(data: list[SeriesData]) -> list[float]:
             kept = [sd for sd in data
@@ -613,12 +641,24 @@ def _related(
         if not cur:
             continue
         label, unit = display(name)
-        c = float(np.median(cur))
-        text = f"{label} {fmt_value(c, unit)}"
-        if base:
-            text += f" ({fmt_change(c, float(np.median(base)))})"
-        out.append(text)
-    return tuple(out)
+        out.append(Moved(name, label, unit, float(np.median(cur)),
+                         float(np.median(base)) if base else None))
+    return out
+
+
+def _related(
+    loader: _Loader,
+    spec: RegressionSpec,
+    key: GroupKey,
+    base_window: tuple[float, float],
+    now: float,
+) -> tuple[str, ...]:
+    target, labels = key
+    names = spec.related if spec.related is not None else DEFAULT_RELATED
+    wanted = [n for n in names if n != spec.series and n != spec.load_series]
+    recent = (now - spec.recent_window, now + spec.step)
+    return tuple(m.text() for m in moved_with(loader, wanted, target, labels, recent,
+                                               base_window))
 
 
 def _finding(

@@ -104,20 +104,27 @@ APPLICATION_NAME = "tritonwatch"
 
 
 def build_engine(
-    url: URL, *, timeout_s: float, statement_timeout_s: float = DEFAULT_STATEMENT_TIMEOUT_S
+    url: URL, *, timeout_s: float, statement_timeout_s: float = DEFAULT_STATEMENT_TIMEOUT_S,
+    read_only: bool = False,
 ) -> Engine:
     """An engine for ``url`` (from :func:`parse_url`) with the per-backend settings applied.
 
     ``timeout_s`` bounds the wait for SQLite's write lock, for a PostgreSQL connection and for
     a connection from the pool; ``statement_timeout_s`` is PostgreSQL's ``statement_timeout``.
+    ``read_only``: the database itself refuses writes on every connection (SQLite's
+    ``query_only``, PostgreSQL's ``default_transaction_read_only``), for readers that must
+    never write, such as the dashboard.
     """
     if url.get_backend_name() == "sqlite":
-        return _sqlite_engine(url, timeout_s=timeout_s)
+        return _sqlite_engine(url, timeout_s=timeout_s, read_only=read_only)
+    connect_args = pg_connect_args(url, timeout_s=timeout_s,
+                                   statement_timeout_s=statement_timeout_s)
+    if read_only:
+        connect_args["options"] += " -c default_transaction_read_only=on"
     engine = create_engine(
         url,
         pool_timeout=timeout_s,
-        connect_args=pg_connect_args(url, timeout_s=timeout_s,
-                                     statement_timeout_s=statement_timeout_s),
+        connect_args=connect_args,
     )
     # A restarted server leaves dead connections in the pool: the guard tests each on checkout
     # (what ``pool_pre_ping`` does, but inside its own watch, see ConnectionGuard).
@@ -353,7 +360,7 @@ def _watchdog() -> _Watchdog:
 SQLITE_CACHED_STATEMENTS = 16
 
 
-def _sqlite_engine(url: URL, *, timeout_s: float) -> Engine:
+def _sqlite_engine(url: URL, *, timeout_s: float, read_only: bool = False) -> Engine:
     assert url.database is not None  # parse_url refused the others
     parent = os.path.dirname(os.path.abspath(url.database))
     os.makedirs(parent, exist_ok=True)
@@ -373,6 +380,8 @@ def _sqlite_engine(url: URL, *, timeout_s: float) -> Engine:
             cursor.execute(f"PRAGMA busy_timeout = {busy_ms:d}")
             cursor.execute("PRAGMA journal_mode = WAL")
             cursor.execute("PRAGMA synchronous = NORMAL")
+            if read_only:
+                cursor.execute("PRAGMA query_only = ON")
         finally:
             cursor.close()
 

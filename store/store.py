@@ -111,7 +111,7 @@ _VALUE = itemgetter(2)
 
 def open_store(
     url: str, *, batch_rows: int = 50_000, timeout_s: float = 10.0,
-    statement_timeout_s: float = DEFAULT_STATEMENT_TIMEOUT_S,
+    statement_timeout_s: float = DEFAULT_STATEMENT_TIMEOUT_S, read_only: bool = False,
 ) -> Store:
     """Open the store at ``url``: ``sqlite:///path.db`` or ``postgresql://user:pw@host/db``.
 
@@ -119,10 +119,11 @@ def open_store(
     ``timeout_s`` bounds how long a statement waits for SQLite's write lock, or for a
     PostgreSQL connection (new or from the pool); ``statement_timeout_s`` is PostgreSQL's
     ``statement_timeout`` (``store.engine`` explains how a server that stops answering is
-    caught).  Raises ValueError for an unsupported URL.
+    caught).  ``read_only``: the database refuses every write (the dashboard).  Raises
+    ValueError for an unsupported URL.
     """
     return Store(url, batch_rows=batch_rows, timeout_s=timeout_s,
-                 statement_timeout_s=statement_timeout_s)
+                 statement_timeout_s=statement_timeout_s, read_only=read_only)
 
 
 class Pending(NamedTuple):
@@ -154,6 +155,7 @@ class Store:
     def __init__(
         self, url: str, *, batch_rows: int = 50_000, timeout_s: float = 10.0,
         statement_timeout_s: float = DEFAULT_STATEMENT_TIMEOUT_S,
+        read_only: bool = False,
     ) -> None:
         if batch_rows < 1:
             raise ValueError(f"batch_rows must be at least 1, got {batch_rows!r}")
@@ -161,7 +163,8 @@ class Store:
         #: The URL with its password masked: safe for logs and error messages.
         self.url_redacted = redact(parsed)
         self._engine = build_engine(
-            parsed, timeout_s=timeout_s, statement_timeout_s=statement_timeout_s
+            parsed, timeout_s=timeout_s, statement_timeout_s=statement_timeout_s,
+            read_only=read_only,
         )
         self._batch_rows = batch_rows
         self._max_rows = 10 * batch_rows
@@ -797,6 +800,17 @@ class Store:
             stmt = stmt.where(mc.c.target == target)
         with self._db("read model configs"), transaction(self._engine, write=False) as conn:
             return {(r.target, r.model): json.loads(r.config) for r in conn.execute(stmt)}
+
+    def model_config_times(self, target: str | None = None) -> dict[tuple[str, str], float]:
+        """``{(target, model): fetched_at}``: when each stored config was last written (the
+        collector writes a config only when it changed, so this is its latest change, or the
+        first read of a collector process)."""
+        mc = t.model_configs
+        stmt = select(mc.c.target, mc.c.model, mc.c.fetched_at)
+        if target is not None:
+            stmt = stmt.where(mc.c.target == target)
+        with self._db("read model configs"), transaction(self._engine, write=False) as conn:
+            return {(r.target, r.model): r.fetched_at / 1000 for r in conn.execute(stmt)}
 
     # --- probe results ------------------------------------------------------------------------
 

@@ -216,6 +216,12 @@ def _listen(value: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    from tritonwatch.dashboard_cmd import run
+
+    return run(args)
+
+
 def _duration(value: str) -> float:
     from tritonwatch.schemas.config import parse_duration
 
@@ -365,6 +371,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="YAML config file (default: embedded defaults)")
     p.add_argument("--listen", type=_listen, help="HOST:PORT for the API (default: api.listen)")
     p.set_defaults(func=cmd_serve)
+
+    from tritonwatch.dashboard_cmd import add_arguments as dashboard_arguments
+
+    p = sub.add_parser("dashboard", help="the Streamlit dashboard over serve's store (read-only)")
+    dashboard_arguments(p)
+    p.set_defaults(func=cmd_dashboard)
 
     p = sub.add_parser("check-config", help="validate a config file, print every error")
     p.add_argument("file")

@@ -11,14 +11,18 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import socket
+import subprocess
 import time
 from pathlib import Path
 
+import yaml
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from tritonwatch import dashboard_cmd
 from tritonwatch.collector.jobs import Collector
 from tritonwatch.loadgen import LoadGenerator
 from tritonwatch.render import model_table
@@ -30,6 +34,9 @@ from tritonwatch.serve import serve
 from tritonwatch.store.alerts import AlertStore
 
 log = logging.getLogger(__name__)
+
+#: Where the demo's dashboard listens (``tritonwatch dashboard``'s default port).
+DASHBOARD_PORT = dashboard_cmd.DEFAULT_PORT
 
 # (seconds, batcher concurrency, LLM streams, KV-cache fraction, fake LLM's TTFT in ms): one
 # act of the demo each.  The last two acts trip the demo's alert rules below.
@@ -74,7 +81,7 @@ def _mean_ms(values: list[float | None]) -> str:
 
 
 def _view(collector: Collector, health_rows: list[TargetHealth], alerts: list[AlertState],
-          started: float, act: str) -> Group:
+          started: float, act: str, dashboard_url: str) -> Group:
     state = next(iter(collector.targets.values()))
     models: dict[str, dict[str, float | None]] = {}
     for sample in state.latest:
@@ -101,7 +108,8 @@ def _view(collector: Collector, health_rows: list[TargetHealth], alerts: list[Al
     elapsed = time.monotonic() - started
     header = Text.from_markup(
         f"[bold]tritonwatch demo[/] — {elapsed:.0f} s — {act} — "
-        f"API on http://{collector.config.api.listen}  (Ctrl-C to stop)"
+        f"API on http://{collector.config.api.listen}, dashboard on "
+        f"{dashboard_url}  (Ctrl-C to stop)"
     )
     table = model_table(dict(sorted(models.items())), "per model, last scrape interval")
     alert_table = Table(title="alerts (pending and firing)", title_justify="left")
@@ -121,7 +129,7 @@ def _view(collector: Collector, health_rows: list[TargetHealth], alerts: list[Al
 
 
 async def _drive(rig: TritonRig, load: LoadGenerator, collector: Collector,
-                 console: Console) -> None:
+                 console: Console, dashboard_url: str) -> None:
     started = time.monotonic()
     acts = itertools.cycle(SCENARIO)
     act_ends, act_name = 0.0, ""
@@ -137,8 +145,19 @@ async def _drive(rig: TritonRig, load: LoadGenerator, collector: Collector,
                             f"KV target {kv:.0%}, TTFT {ttft} ms")
             rows = await asyncio.to_thread(collector.store.health)
             alerts = await asyncio.to_thread(AlertStore(collector.store).states)
-            live.update(_view(collector, rows, alerts, started, act_name))
+            live.update(_view(collector, rows, alerts, started, act_name, dashboard_url))
             await asyncio.sleep(1.0)
+
+
+def _port_or_free(port: int) -> int:
+    """``port`` if nothing listens on it, else a free one (a dashboard or a second demo may
+    already have 8501: the demo then says where its own dashboard is)."""
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def run_demo(*, listen: str, duration: float | None, data_dir: str) -> int:
@@ -154,7 +173,7 @@ def run_demo(*, listen: str, duration: float | None, data_dir: str) -> int:
                   f"HTTP {rig.http_url}, gRPC {rig.grpc_url}, metrics {rig.metrics_url}")
     rules = data / "demo-rules.yaml"
     rules.write_text(DEMO_RULES, encoding="utf-8")
-    config = validate_config({
+    settings = {
         "targets": [{"name": "rig", "metrics_url": rig.metrics_url, "http_url": rig.http_url,
                      "grpc_url": rig.grpc_url}],
         # Synthetic users of the fake LLM, over both of Triton's streaming protocols.
@@ -170,7 +189,11 @@ def run_demo(*, listen: str, duration: float | None, data_dir: str) -> int:
         "store": {"url": f"sqlite:///{data}/tritonwatch.db", "flush_interval": "5s"},
         "api": {"listen": listen},
         "alerting": {"rules_file": str(rules), "eval_interval": "5s"},
-    }, "<demo>")
+    }
+    # The dashboard is a second process: it reads the same settings from a file.
+    config_file = data / "demo-config.yaml"
+    config_file.write_text(yaml.safe_dump(settings, sort_keys=False), encoding="utf-8")
+    config = validate_config(settings, str(config_file))
     load = LoadGenerator(rig.grpc_url, concurrency=8, llm_concurrency=2,
                          max_duration=duration or 7 * 86400.0)
     stop = asyncio.Event()
@@ -179,16 +202,26 @@ def run_demo(*, listen: str, duration: float | None, data_dir: str) -> int:
         async def sidecar(collector: Collector) -> None:
             if duration:
                 asyncio.get_running_loop().call_later(duration, stop.set)
-            await _drive(rig, load, collector, console)
+            await _drive(rig, load, collector, console, dashboard_url)
 
         await serve(config, listen=listen, sidecar=sidecar, stop=stop)
 
+    dashboard_port = _port_or_free(DASHBOARD_PORT)
+    dashboard_url = dashboard_cmd.url(dashboard_port, "127.0.0.1")
+    dashboard = dashboard_cmd.start(str(config_file), port=dashboard_port,
+                                    address="127.0.0.1", quiet=True)
+    console.print(f"API on http://{listen}, dashboard on {dashboard_url}")
     load.start()
     try:
         asyncio.run(main())
     finally:
         load.stop()
         rig.stop()
+        dashboard.terminate()
+        try:
+            dashboard.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            dashboard.kill()
     stats = load.stats()
     console.print(
         f"Stopped. Sent {stats.batcher.sent} batcher requests ({stats.batcher.failed} failed) "

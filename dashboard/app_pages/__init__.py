@@ -1,0 +1,1 @@
+"""Streamlit pages, run by the navigation of streamlit_app.py (not imported)."""
