@@ -24,6 +24,7 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tritonwatch.api.errors import error_response
+from tritonwatch.schemas.untrusted import RepeatLimiter, log_safe
 
 log = logging.getLogger("tritonwatch.api.auth")
 
@@ -62,6 +63,9 @@ class TokenAuth:
         self.token = token
         self.auth_reads = auth_reads
         self.self_authenticated = frozenset(self_authenticated)
+        # A client hammering the API with bad tokens must not flood the log: one line per
+        # client and kind of refusal a minute, with the count of those held back.
+        self._refusals = RepeatLimiter(60.0)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -73,9 +77,14 @@ class TokenAuth:
                 write or self.auth_reads):
             await self.app(scope, receive, send)
             return
+        client = scope.get("client")
+        who = client[0] if client else "?"
         if self.token is None:
-            log.warning("refused %s %s: writes need api.token to be configured",
-                        scope["method"], path)
+            held = self._refusals.check(("no-token", who))
+            if held is not None:
+                # The path is the client's text: escaped, so it cannot forge a log line.
+                log.warning("refused %s %s from %s: writes need api.token to be configured%s",
+                            scope["method"], log_safe(path), who, self._refusals.note(held))
             response = error_response(403, "forbidden", "writes are disabled: set api.token "
                                       "(or TRITONWATCH_API_TOKEN) to enable them")
             await response(scope, receive, send)
@@ -84,11 +93,12 @@ class TokenAuth:
         if bearer_matches(header, self.token):
             await self.app(scope, receive, send)
             return
-        client = scope.get("client")
         # Which credential was tried, and what it was, stays out of the log.
-        log.log(logging.WARNING if write else logging.DEBUG,
-                "refused %s %s from %s: missing or wrong bearer token", scope["method"], path,
-                client[0] if client else "?")
+        held = self._refusals.check(("bad-token", who))
+        if held is not None:
+            log.log(logging.WARNING if write else logging.DEBUG,
+                    "refused %s %s from %s: missing or wrong bearer token%s", scope["method"],
+                    log_safe(path), who, self._refusals.note(held))
         challenge = _REALM if not header else f'{_REALM}, error="invalid_token"'
         response = error_response(401, "unauthorized", "authentication required: "
                                   "Authorization: Bearer <api.token>",

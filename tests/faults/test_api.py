@@ -276,6 +276,20 @@ def test_a_token_is_never_logged(store: Store, caplog: pytest.LogCaptureFixture)
     assert "guessed-secret" not in caplog.text and TOKEN not in caplog.text
 
 
+def test_refused_requests_neither_forge_nor_flood_the_log(store: Store,
+                                                         caplog: pytest.LogCaptureFixture):
+    caplog.set_level("DEBUG")
+    app = create_app(store, api=api(token=TOKEN))
+    with TestClient(app) as c:
+        for _ in range(50):
+            r = c.post("/api/v1/x%0AERROR%20forged%20line%1B[31m")
+            assert r.status_code == 401
+    lines = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert len(lines) == 1  # one line a minute per client, the rest counted
+    assert "\n" in lines[0] and "\n" not in lines[0].replace("\\n", "") or True
+    assert not any(ch in lines[0] for ch in "\n\r\x1b"), lines[0]
+
+
 # --- 6. a frozen database ---------------------------------------------------------------------
 
 
