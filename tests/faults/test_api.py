@@ -286,6 +286,7 @@ def test_refused_requests_neither_forge_nor_flood_the_log(store: Store,
             assert r.status_code == 401
     lines = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
     assert len(lines) == 1  # one line a minute per client, the rest counted
+    assert "forged line" in lines[0]  # the path is there, escaped
     assert not any(ch in lines[0] for ch in "\n\r\x1b"), lines[0]
 
 
