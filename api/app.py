@@ -30,6 +30,7 @@ from starlette.datastructures import URL
 
 from tritonwatch.api.auth import TokenAuth
 from tritonwatch.api.errors import bad_param, install_error_handlers
+from tritonwatch.api.exporter import Live, install_exporter
 from tritonwatch.api.params import (
     check_resolution,
     decode_token,
@@ -114,6 +115,7 @@ def create_app(
     alerting: AlertingConfig | None = None,
     api: ApiConfig | None = None,
     targets: Collection[str] | None = None,
+    live: Live | None = None,
 ) -> FastAPI:
     """The API over ``store``.  ``targets``: the names this process collects from, the only
     ones /api/v1/targets lists (the store keeps the health of targets removed from the
@@ -126,6 +128,9 @@ def create_app(
     app.state.pool = ReadPool(settings.read_workers, settings.read_queue,
                               registry=app.state.registry)
     configured = None if targets is None else frozenset(targets)
+    app.state.live = live or Live()
+    install_exporter(app.state.registry, app.state.live,
+                     max_series=settings.max_exported_series)
     install_error_handlers(app)
     self_authenticated = []
     if alerting is not None and alerting.receiver is not None:
