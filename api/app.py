@@ -25,6 +25,7 @@ from fastapi import Depends, FastAPI, Query, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BaseModel
 
+from tritonwatch.api.alerting import alerting_router
 from tritonwatch.api.auth import TokenAuth
 from tritonwatch.api.errors import bad_param, install_error_handlers
 from tritonwatch.api.exporter import Live, install_exporter
@@ -115,6 +116,7 @@ def create_app(
 
     app.include_router(reports_router())  # /api/v1/reports (api/reports.py)
     app.include_router(prom_router())  # series, labels, query_range... (api/prom.py)
+    app.include_router(alerting_router())  # alerts, rules, slos, probes (api/alerting.py)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:

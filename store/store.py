@@ -841,8 +841,10 @@ class Store:
         start: float | None = None,
         end: float | None = None,
         limit: int = 10_000,
+        newest_first: bool = False,
     ) -> list[ProbeResult]:
-        """Flushed probe results, oldest first, optionally of one probe within ``[start, end]``."""
+        """Flushed probe results, oldest first (``newest_first``: the newest ``limit``, newest
+        first), optionally of one probe within ``[start, end]``."""
         tbl = t.probe_results
         stmt = select(tbl)
         if probe is not None:
@@ -851,7 +853,8 @@ class Store:
             stmt = stmt.where(tbl.c.ts >= round(start * 1000))
         if end is not None:
             stmt = stmt.where(tbl.c.ts <= round(end * 1000))
-        stmt = stmt.order_by(tbl.c.ts, tbl.c.id).limit(limit)
+        order = (tbl.c.ts.desc(), tbl.c.id.desc()) if newest_first else (tbl.c.ts, tbl.c.id)
+        stmt = stmt.order_by(*order).limit(limit)
         with self._db("query probe results"), transaction(self._engine, write=False) as conn:
             return [
                 ProbeResult(
