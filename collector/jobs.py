@@ -477,11 +477,18 @@ class Collector:
             async with self._api_semaphore:
                 reading = await state.api.read(now)
             state.set_configs(reading.configs)
-            samples, raw_count = await asyncio.to_thread(self._derive_api, state, reading.stats)
+            samples, raw_count = await asyncio.to_thread(self._derive_api, state, reading.stats,
+                                                         reading.readiness)
         except TritonApiError as exc:
             self.latest.drop(name, "api")
             health = TargetHealth(name, "api", now, False, 0.0, 0, exc.reason)
             health = await self._record(health)
+            # The health APIs did not answer: neither live nor ready, as a probe would see it.
+            down = [Sample("triton_server_live", (), 0.0), Sample("triton_server_ready", (), 0.0)]
+            if state.config.labels:
+                down = _with_target_labels(down, state.config.labels)
+            self.latest.put(name, "api", now, down)
+            await asyncio.to_thread(self.store.write, name, now, down)
             return health
         except Exception as exc:
             self.latest.drop(name, "api")
@@ -499,12 +506,13 @@ class Collector:
         return health
 
     @staticmethod
-    def _derive_api(state: TargetState, stats: Snapshot) -> tuple[list[Sample], int]:
+    def _derive_api(state: TargetState, stats: Snapshot, readiness: Iterable[Sample] = ()
+                    ) -> tuple[list[Sample], int]:
         # Runs in a worker thread: every stored sample of the reading, and how many were raw.
         raw = list(stats.samples())
         with state.derive_lock:
             derived = state.deriver.derive(stats, state.configs)
-        samples = raw + derived
+        samples = raw + derived + list(readiness)
         if state.config.labels:
             samples = _with_target_labels(samples, state.config.labels)
         return samples, len(raw)
