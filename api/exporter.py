@@ -33,6 +33,7 @@ were exported.
 
 from __future__ import annotations
 
+import math
 import platform
 import re
 import sys
@@ -219,14 +220,17 @@ class LiveCollector(Collector):
 
                 put("objective_ratio", "The SLO's objective (0.999 = 99.9 %)", status.objective)
                 put("period_seconds", "The SLO's rolling period", status.period_s)
-                put("sli_ratio", "Good events / all events over the period",
-                    status.compliance)
+                # Never absent, so a dashboard panel always has a series: NaN is 0/0 (no
+                # events yet), +Inf a budget that is not being spent.
+                put("sli_ratio", "Good events / all events over the period (NaN without "
+                    "events)", math.nan if status.compliance is None else status.compliance)
                 put("error_budget_remaining_ratio", "Share of the period's error budget left "
                     "(negative once overspent)", status.remaining)
                 put("error_budget_consumed_ratio", "Share of the period's error budget spent",
                     status.consumed)
                 put("error_budget_exhaustion_seconds", "When the budget runs out at the "
-                    "current burn rate (absent while not burning)", status.exhaustion_in_s)
+                    "current burn rate (+Inf while not burning)",
+                    math.inf if status.exhaustion_in_s is None else status.exhaustion_in_s)
                 put("events", "Events over the period", status.good, {"kind": "good"})
                 put("events", "Events over the period", status.total, {"kind": "total"})
                 put("status_timestamp_seconds", "When this status was computed",
@@ -242,7 +246,8 @@ class LiveCollector(Collector):
                         tier.factor, {"tier": tier.name, "severity": tier.severity})
                 for window, burn in sorted(burns.items()):
                     put("burn_rate", "Error ratio over the window / error budget (1 spends "
-                        "exactly the budget over the period)", burn,
+                        "exactly the budget over the period; NaN without events)",
+                        math.nan if burn is None else burn,
                         {"window": format_duration(window)})
 
     def _latest(self, out: _Families) -> None:
