@@ -40,7 +40,7 @@ import threading
 import time
 from collections import Counter as Tally
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -65,6 +65,14 @@ RESOLVED_RETENTION_S = 900.0
 FOR_OUTAGE_TOLERANCE_S = 3600.0
 
 SOURCE = "engine"
+
+
+class RuleRun(NamedTuple):
+    """A rule's last evaluation, as ``/api/v1/rules`` reports it (Prometheus's rule health)."""
+
+    at: float  # the evaluation's time (unix s)
+    duration_s: float
+    error: str | None  # None: the rule ran ("ok"); else why it failed ("err")
 
 
 class Dispatcher(Protocol):
@@ -149,6 +157,8 @@ class Engine:
         self._unsaved: list[AlertEvent] = []
         self._lock = threading.Lock()
         self._warned_clash: set[tuple[str, str]] = set()
+        #: Each rule's last evaluation (health, time, duration) for ``/api/v1/rules``.
+        self.runs: dict[str, RuleRun] = {}
 
     # --- state -------------------------------------------------------------------------------
 
@@ -214,14 +224,19 @@ class Engine:
             return events
 
     def _run(self, rule: Rule, now: float) -> list[AlertCandidate] | None:
+        started = time.perf_counter()
         try:
-            return list(rule.evaluate(self.store, now))
-        except Exception:
+            found = list(rule.evaluate(self.store, now))
+        except Exception as exc:
+            self.runs[rule.name] = RuleRun(now, time.perf_counter() - started,
+                                           f"{type(exc).__name__}: {exc}"[:500])
             self.failures[rule.name] += 1
             self.metrics.rule_failures.labels(rule.name).inc()
             log.exception("alerts: rule %r failed at %.3f; its alerts keep their state",
                           rule.name, now)
             return None
+        self.runs[rule.name] = RuleRun(now, time.perf_counter() - started, None)
+        return found
 
     def _apply(
         self,

@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry
 from tritonwatch.alerts.defaults import watch_targets
 from tritonwatch.alerts.engine import Engine
 from tritonwatch.alerts.model import Rule
+from tritonwatch.alerts.status import SloBoard
 from tritonwatch.store.errors import StoreError
 
 if TYPE_CHECKING:
@@ -43,10 +44,13 @@ class AlertJob:
         *,
         dispatcher: Dispatcher | None = None,
         clock: Callable[[], float] = time.time,
+        slos: SloBoard | None = None,
     ) -> None:
         self.engine = engine
         self.dispatcher = dispatcher  # closed with the job
         self.clock = clock
+        #: SLO statuses for /metrics and /api/v1/slos, refreshed after evaluations.
+        self.slos = slos or SloBoard(())
 
     @classmethod
     def from_config(
@@ -80,9 +84,12 @@ class AlertJob:
             clock=clock, resolved_retention=alerting.resolved_retention, registry=registry,
         )
         engine.restore()
+        from tritonwatch.alerts.rules import SloBurnRule
+
+        board = SloBoard([r.slo for r in rules if isinstance(r, SloBurnRule)])
         log.info("alerts: %d rule(s), every %gs, %s", len(rules), alerting.eval_interval,
                  f"{len(dispatcher.notifiers)} notifier(s)" if dispatcher else "no delivery")
-        return cls(engine, dispatcher=dispatcher, clock=clock)
+        return cls(engine, dispatcher=dispatcher, clock=clock, slos=board)
 
     def evaluate(self) -> None:
         """One evaluation (blocking): flush what the scrapes buffered, then evaluate."""
@@ -92,7 +99,9 @@ class AlertJob:
             self.engine.store.flush()
         except StoreError as exc:
             log.warning("alerts: flush before evaluation failed, evaluating anyway: %s", exc)
-        self.engine.evaluate(self.clock())
+        now = self.clock()
+        self.engine.evaluate(now)
+        self.slos.refresh(self.engine.store, now)
 
     async def run(self) -> None:
         await asyncio.to_thread(self.evaluate)

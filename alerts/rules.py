@@ -237,6 +237,10 @@ def rules_from_file(rules: RulesFile) -> list[Rule]:
     out += [ThresholdRule(a) for a in rules.alerts]
     out += regression_rules(rules.regressions, loads)
     out += default_rules(rules.defaults, loads)
+    if rules.defaults.enabled:
+        from tritonwatch.alerts.readiness import ModelNotReadyRule
+
+        out.append(ModelNotReadyRule())  # built in beside the defaults (alerts/readiness.py)
     return out
 
 

@@ -47,6 +47,7 @@ from tritonwatch.schemas.rules import (
     ProbeLatencySli,
     ProbeSuccessSli,
     QueueTimeSli,
+    ReadinessSli,
     SloAlerting,
     SloSpec,
 )
@@ -160,7 +161,7 @@ class Slo:
     objective: float  # ratio, e.g. 0.999
     window: str  # "28d" | "30d"
     period_s: float
-    sli: ProbeLatencySli | ProbeSuccessSli | AvailabilitySli | QueueTimeSli
+    sli: ProbeLatencySli | ProbeSuccessSli | AvailabilitySli | QueueTimeSli | ReadinessSli
     by: tuple[str, ...]
     min_traffic: float
     tiers: tuple[Tier, ...]
@@ -254,7 +255,7 @@ def _group(labels: Labels, target: str, by: Sequence[str]) -> Labels:
     )
 
 
-def _match(sli: AvailabilitySli | QueueTimeSli) -> dict[str, str]:
+def _match(sli: AvailabilitySli | QueueTimeSli | ReadinessSli) -> dict[str, str]:
     match = dict(sli.match)
     if sli.model is not None:
         match["model"] = sli.model
@@ -359,6 +360,27 @@ def _queue_time(
     return dict(out)
 
 
+def _readiness(
+    store: Store, sli: ReadinessSli, start: float, end: float, by: Sequence[str]
+) -> dict[Labels, Events]:
+    """Each readiness reading is an event, good when it read 1 (ready)."""
+    name = "triton_server_ready" if sli.server else "triton_model_ready"
+    match = _match(sli)
+    out: dict[Labels, Events] = defaultdict(lambda: NO_EVENTS)
+    if end - start <= RAW_MAX_WINDOW_S:
+        for s in store.range(name, start=start, end=end, target=sli.target, match=match):
+            out[_group(s.labels, s.target, by)] += Events(math.fsum(s.values), len(s.values))
+        return dict(out)
+    sums = {s.key: s for s in store.buckets(name, start=start, end=end, step=LONG_STEP_S,
+                                            agg="sum", target=sli.target, match=match)}
+    for s in store.buckets(name, start=start, end=end, step=LONG_STEP_S, agg="count",
+                           target=sli.target, match=match):
+        good = sums.get(s.key)
+        out[_group(s.labels, s.target, by)] += Events(
+            math.fsum(good.values) if good is not None else 0.0, math.fsum(s.values))
+    return dict(out)
+
+
 def _probe_series(
     store: Store, sli: ProbeLatencySli | ProbeSuccessSli, start: float, end: float,
     by: Sequence[str],
@@ -405,6 +427,8 @@ def events(
         found = _availability(store, sli, start, end, group_by)
     elif isinstance(sli, QueueTimeSli):
         found = _queue_time(store, sli, start, end, group_by)
+    elif isinstance(sli, ReadinessSli):
+        found = _readiness(store, sli, start, end, group_by)
     elif isinstance(sli, ProbeLatencySli) and sli.threshold is not None:
         found = _probe_rows(store, sli, start, end, group_by)
     else:

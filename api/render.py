@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
-
-from tritonwatch.store.values import SeriesColumns
+import numpy.typing as npt
 
 
 def format_value(v: float) -> str:
@@ -39,18 +39,27 @@ def format_ts(seconds: float) -> str:
     return text[:-2] if text.endswith(".0") else text
 
 
-def range_json(cols: SeriesColumns) -> bytes:
-    """A list of ``{"target", "name", "labels", "points": [[ts, "value"], ...]}``."""
-    # Encoded series by series: the answer is held once as the parts and once joined, not
-    # also as one str (an answer near api.max_samples is tens of MB).
+def metric_json(labels: Mapping[str, str]) -> str:
+    return json.dumps(dict(labels), ensure_ascii=False, separators=(",", ":"))
+
+
+def matrix_json(series: Iterable[tuple[Mapping[str, str], npt.ArrayLike, npt.ArrayLike]],
+                warnings: Sequence[str] = ()) -> bytes:
+    """A Prometheus range answer: ``{"status": "success", "data": {"resultType": "matrix",
+    "result": [{"metric": {...}, "values": [[ts, "value"], ...]}, ...]}}``; series without a
+    point are left out, as Prometheus does."""
     parts: list[bytes] = []
-    bounds = cols.bounds.tolist()
-    for i, key in enumerate(cols.keys):
-        lo, hi = bounds[i], bounds[i + 1]
-        head = json.dumps({"target": key.target, "name": key.name, "labels": dict(key.labels)},
-                          ensure_ascii=False, separators=(",", ":"))
-        points = ",".join(
-            f'[{format_ts(t)},"{format_value(v)}"]'
-            for t, v in zip(cols.ts[lo:hi].tolist(), cols.values[lo:hi].tolist(), strict=True))
-        parts.append(f'{head[:-1]},"points":[{points}]}}'.encode())
-    return b"[" + b",".join(parts) + b"]"
+    for labels, ts, values in series:
+        # As Python floats: a numpy scalar's repr is not its number.
+        times = np.asarray(ts, np.float64).tolist()
+        if not times:
+            continue
+        points = ",".join(f'[{format_ts(t)},"{format_value(v)}"]'
+                          for t, v in zip(times, np.asarray(values, np.float64).tolist(),
+                                          strict=True))
+        parts.append(f'{{"metric":{metric_json(labels)},"values":[{points}]}}'.encode())
+    head = b'{"status":"success","data":{"resultType":"matrix","result":['
+    tail = b"]}"
+    if warnings:
+        tail += b',"warnings":' + json.dumps(list(warnings)).encode()
+    return head + b",".join(parts) + tail + b"}"

@@ -47,6 +47,7 @@ from tritonwatch.collector.scrape import ScrapeError, fetch_metrics, make_client
 from tritonwatch.collector.shape import Shape, Values, parse_columns
 from tritonwatch.collector.triton import TritonApi, TritonApiError
 from tritonwatch.schemas.config import Config, ScrapeLimits, TargetConfig
+from tritonwatch.schemas.latest import LatestValues
 from tritonwatch.schemas.probes import ProbeResult
 from tritonwatch.schemas.samples import Labels, Sample, Snapshot, TargetHealth
 from tritonwatch.schemas.triton import ModelConfigInfo
@@ -306,6 +307,8 @@ class Collector:
             )
         self.probes: dict[str, ProbeRunner] = {}
         self.latest_probes: dict[str, list[ProbeResult]] = {}  # last run of each, for display
+        #: Latest derived values of every source, for /metrics (api/exporter.py).
+        self.latest = LatestValues()
         for probe in config.probes:
             target, url = resolve_url(probe, config)
             self.probes[probe.name] = ProbeRunner(probe, url, target)
@@ -420,6 +423,7 @@ class Collector:
         extra = derived + self._up_samples(health)
         if target.labels:
             extra = _with_target_labels(extra, target.labels)
+        self.latest.put(target.name, "metrics", now, extra)
         names, labels = state.stored_series(
             shape, [s.name for s in extra], [s.labels for s in extra]
         )
@@ -438,6 +442,7 @@ class Collector:
         # joining a dead server's frozen queue with live NVML readings.
         state.forget_scrape()
         name = state.config.name
+        self.latest.drop(name, "metrics")
         health = TargetHealth(
             name, "metrics", now, False, time.perf_counter() - start, scraped, reason
         )
@@ -472,18 +477,28 @@ class Collector:
             async with self._api_semaphore:
                 reading = await state.api.read(now)
             state.set_configs(reading.configs)
-            samples, raw_count = await asyncio.to_thread(self._derive_api, state, reading.stats)
+            samples, raw_count = await asyncio.to_thread(self._derive_api, state, reading.stats,
+                                                         reading.readiness)
         except TritonApiError as exc:
+            self.latest.drop(name, "api")
             health = TargetHealth(name, "api", now, False, 0.0, 0, exc.reason)
             health = await self._record(health)
+            # The health APIs did not answer: neither live nor ready, as a probe would see it.
+            down = [Sample("triton_server_live", (), 0.0), Sample("triton_server_ready", (), 0.0)]
+            if state.config.labels:
+                down = _with_target_labels(down, state.config.labels)
+            self.latest.put(name, "api", now, down)
+            await asyncio.to_thread(self.store.write, name, now, down)
             return health
         except Exception as exc:
+            self.latest.drop(name, "api")
             # Bad values in the JSON, a missing key...: down, naming the target, and re-raised
             # so the job listener counts it.
             health = TargetHealth(name, "api", now, False, 0.0, 0,
                                   f"API reading of target {name!r} failed: {exc!r}")
             health = await self._record(health)
             raise
+        self.latest.put(name, "api", now, samples)
         health = TargetHealth(name, "api", now, True, reading.duration_s, raw_count)
         health = await self._record(health)
         await asyncio.to_thread(self.store.write, name, now, samples)
@@ -491,12 +506,13 @@ class Collector:
         return health
 
     @staticmethod
-    def _derive_api(state: TargetState, stats: Snapshot) -> tuple[list[Sample], int]:
+    def _derive_api(state: TargetState, stats: Snapshot, readiness: Iterable[Sample] = ()
+                    ) -> tuple[list[Sample], int]:
         # Runs in a worker thread: every stored sample of the reading, and how many were raw.
         raw = list(stats.samples())
         with state.derive_lock:
             derived = state.deriver.derive(stats, state.configs)
-        samples = raw + derived
+        samples = raw + derived + list(readiness)
         if state.config.labels:
             samples = _with_target_labels(samples, state.config.labels)
         return samples, len(raw)
@@ -539,6 +555,7 @@ class Collector:
         samples, health = nvml.collect()
         readings = {name: st.gpu_reading() for name, st in self.targets.items()}
         samples = samples + deriver.derive_columns(samples, readings)
+        self.latest.put(health.target, "nvml", health.ts, samples)
         self.store.write(health.target, health.ts, samples)
         return health
 
@@ -564,8 +581,9 @@ class Collector:
             self.metrics.probes.observe(result)
         failed = [r for r in results if not r.ok]
         await asyncio.to_thread(self.store.write_probe_results, results)
-        await asyncio.to_thread(self.store.write, runner.target, now,
-                                run_samples(runner.config, results))
+        series = run_samples(runner.config, results)
+        self.latest.put(runner.target, source, now, series)
+        await asyncio.to_thread(self.store.write, runner.target, now, series)
         error = None
         if failed:
             last = failed[-1]

@@ -113,6 +113,41 @@ class ApiReading(NamedTuple):
     raw_configs: dict[str, dict[str, Any]]
     stats: Snapshot
     duration_s: float
+    readiness: tuple[Sample, ...] = ()
+
+
+#: Longest reason text kept with a model that is not ready.
+REASON_MAX = 200
+
+
+def readiness_samples(live: bool, ready: bool, index: Iterable[Mapping[str, Any]]
+                      ) -> tuple[Sample, ...]:
+    """Readiness as series: ``triton_server_live``, ``triton_server_ready`` (0/1), and per
+    model version of the repository index ``triton_model_ready{model, version}`` (1 when its
+    state is READY), plus ``triton_model_ready_reason{model, version, state, reason}`` = 1
+    while it is not.
+
+    A model the index lists without a version or state (EXPLICIT model-control mode: in the
+    repository, never loaded) is not expected to be ready and gets no series; one that was
+    loaded and then unloaded or failed is listed with its version, state and reason.
+    """
+    out = [Sample("triton_server_live", (), 1.0 if live else 0.0),
+           Sample("triton_server_ready", (), 1.0 if ready else 0.0)]
+    seen: set[tuple[str, str]] = set()
+    for m in index:
+        name, version = str(m.get("name") or ""), str(m.get("version") or "")
+        state = str(m.get("state") or "").upper()
+        if not name or not version or not state or (name, version) in seen:
+            continue
+        seen.add((name, version))
+        labels = make_labels({"model": name, "version": version})
+        up = state == "READY"
+        out.append(Sample("triton_model_ready", labels, 1.0 if up else 0.0))
+        if not up:
+            reason = log_safe(str(m.get("reason") or ""), REASON_MAX)
+            out.append(Sample("triton_model_ready_reason", make_labels(
+                {"model": name, "version": version, "state": state, "reason": reason}), 1.0))
+    return tuple(out)
 
 
 class TritonApi:
@@ -156,11 +191,12 @@ class TritonApi:
                 )
         return self._client
 
-    def _call(self, method: str, *args: Any) -> Any:
+    def _call(self, method: str, *args: Any, as_json: bool = True) -> Any:
         client = self._connect()
         kwargs: dict[str, Any] = {"headers": self._headers or None}
         if not self._http_url:
-            kwargs["as_json"] = True
+            if as_json:
+                kwargs["as_json"] = True
             kwargs["client_timeout"] = self._timeout
         try:
             return getattr(client, method)(*args, **kwargs)
@@ -179,6 +215,10 @@ class TritonApi:
 
     def _read(self, now: float) -> ApiReading:
         start = time.perf_counter()
+        # Triton's health APIs (GET v2/health/live, v2/health/ready), as the blackbox exporter
+        # or Kubernetes probes would read them.
+        live = bool(self._call("is_server_live", as_json=False))
+        server_ready = bool(self._call("is_server_ready", as_json=False))
         index = self._call("get_model_repository_index")
         if isinstance(index, Mapping):  # gRPC as_json
             index = index.get("models", [])
@@ -203,7 +243,8 @@ class TritonApi:
             configs[name] = parse_model_config(raw)
         stats = self._call("get_inference_statistics")
         snapshot = Snapshot(self.target, now, stats_families(stats))
-        return ApiReading(configs, raw_configs, snapshot, time.perf_counter() - start)
+        return ApiReading(configs, raw_configs, snapshot, time.perf_counter() - start,
+                          readiness_samples(live, server_ready, index))
 
     async def read(self, now: float) -> ApiReading:
         return await asyncio.to_thread(self.read_blocking, now)

@@ -375,6 +375,11 @@ class ApiConfig(_Frozen):
     """Threads that run database reads for the API (separate from everything else)."""
     read_queue: int = Field(default=16, ge=0)
     """Reads that may wait for one of those threads; beyond, a read gets 503 at once."""
+    max_exported_series: int = Field(default=100_000, ge=1)
+    """Series /metrics exports from memory (SLIs, SLO status, alerts) per scrape; the rest are
+    counted in ``tritonwatch_exported_series_dropped_total``."""
+    read_token_required: bool | None = None
+    """Alias of ``auth_reads`` (the name issue 17 uses); when set, it wins."""
 
     @field_validator("token")
     @classmethod
@@ -385,6 +390,9 @@ class ApiConfig(_Frozen):
 
     @model_validator(mode="after")
     def _reads_need_a_token(self) -> ApiConfig:
+        if self.read_token_required is not None:
+            # Frozen model: the alias is folded into the one setting the API reads.
+            object.__setattr__(self, "auth_reads", self.read_token_required)
         if self.auth_reads and self.token is None:
             raise ValueError("auth_reads needs api.token (or TRITONWATCH_API_TOKEN) to be set")
         if self.default_limit > self.max_limit:

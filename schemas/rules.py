@@ -196,8 +196,18 @@ class QueueTimeSli(_ServerFilter):
     """T: the average queue time per request of a good interval (``50ms``)."""
 
 
+class ReadinessSli(_ServerFilter):
+    """Readiness from Triton's health APIs: each reading of ``triton_model_ready`` (or, with
+    ``server: true``, ``triton_server_ready``) is one event, good when it read 1."""
+
+    kind: Literal["readiness"]
+    """Readings in which the model (or server) was ready, over all readings."""
+    server: bool = False
+    """Count the server's readiness (``triton_server_ready``) instead of the models'."""
+
+
 Sli = Annotated[
-    ProbeLatencySli | ProbeSuccessSli | AvailabilitySli | QueueTimeSli,
+    ProbeLatencySli | ProbeSuccessSli | AvailabilitySli | QueueTimeSli | ReadinessSli,
     Field(discriminator="kind"),
 ]
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from functools import lru_cache
 from typing import Any, Literal, NamedTuple
 
@@ -58,6 +58,13 @@ def parse_labels(text: str) -> Labels:
     return make_labels(json.loads(text))
 
 
+#: A filter over stored series (target, name, labels), applied in Python (api/promql.py).
+SeriesFilter = Callable[[str, str, Labels], bool]
+
+#: Series rows read per statement when a filter decides in Python which ones count.
+SCAN_BATCH = 5_000
+
+
 def find_series(
     conn: Connection,
     *,
@@ -65,6 +72,8 @@ def find_series(
     target: str | None,
     match: Mapping[str, str] | None,
     max_series: int | None = None,
+    names: Collection[str] | None = None,
+    where: SeriesFilter | None = None,
 ) -> list[tuple[int, SeriesKey]]:
     """``(id, key)`` of the series with this name/target whose labels equal ``match``.
 
@@ -76,14 +85,18 @@ def find_series(
     query = select(t.series.c.id, t.series.c.target, t.series.c.name, t.series.c.labels)
     if name is not None:
         query = query.where(t.series.c.name == name)
+    if names is not None:
+        query = query.where(t.series.c.name.in_(sorted(names)))
     if target is not None:
         query = query.where(t.series.c.target == target)
-    if max_series is not None and not match:
+    if max_series is not None and not match and where is None:
         query = query.limit(max_series + 1)
     found = []
     for row in conn.execute(query):
         labels = parse_labels(row.labels)
         if match and any(label_value(labels, k, "") != v for k, v in match.items()):
+            continue
+        if where is not None and not where(row.target, row.name, labels):
             continue
         found.append((row.id, SeriesKey(row.target, row.name, labels)))
         if max_series is not None and len(found) > max_series:
@@ -116,6 +129,81 @@ def series_page(
                                      literal(labels_json(after.labels))))
     query = query.order_by(c.target, c.name, c.labels).limit(limit)
     return [SeriesKey(r.target, r.name, parse_labels(r.labels)) for r in conn.execute(query)]
+
+
+def select_page(
+    conn: Connection,
+    *,
+    names: Collection[str] | None,
+    target: str | None,
+    where: SeriesFilter | None,
+    after: SeriesKey | None,
+    limit: int | None,
+    window: tuple[int, int] | None = None,
+    max_samples: int | None = None,
+) -> list[SeriesKey]:
+    """Up to ``limit`` (None: all) series after ``after`` that pass ``where`` and, with
+    ``window`` ``(lo_ms, hi_ms)``, hold a sample in it; in :func:`series_page`'s order.
+
+    The catalogue is read :data:`SCAN_BATCH` rows at a time (keyset paging), so a selective
+    filter never holds the whole catalogue in memory.  A window reads the samples of each
+    batch's matching series, at most ``max_samples`` of them (``LimitExceeded`` first).
+    """
+    c = t.series.c
+    out: list[SeriesKey] = []
+    cursor = after
+    while limit is None or len(out) < limit:
+        query = select(c.id, c.target, c.name, c.labels)
+        if names is not None:
+            query = query.where(c.name.in_(sorted(names)))
+        if target is not None:
+            query = query.where(c.target == target)
+        if cursor is not None:
+            query = query.where(tuple_(c.target, c.name, c.labels)
+                                > tuple_(literal(cursor.target), literal(cursor.name),
+                                         literal(labels_json(cursor.labels))))
+        # Without a Python-side filter every row counts: read only what is still wanted.
+        batch_size = SCAN_BATCH if (where is not None or window is not None or limit is None) \
+            else min(SCAN_BATCH, limit - len(out))
+        rows = list(conn.execute(query.order_by(c.target, c.name, c.labels).limit(batch_size)))
+        if not rows:
+            break
+        batch = [(r.id, SeriesKey(r.target, r.name, parse_labels(r.labels))) for r in rows]
+        cursor = batch[-1][1]
+        hits = [(i, k) for i, k in batch if where is None or where(k.target, k.name, k.labels)]
+        if window is not None and hits:
+            hits = _with_samples(conn, hits, window, max_samples)
+        out.extend(k for _, k in hits)
+        if len(rows) < batch_size:
+            break
+    return out if limit is None else out[:limit]
+
+
+def _with_samples(
+    conn: Connection, series: list[tuple[int, SeriesKey]], window: tuple[int, int],
+    max_samples: int | None,
+) -> list[tuple[int, SeriesKey]]:
+    lo, hi = window
+    keep: set[int] = set()
+    for chunk in _chunks([sid for sid, _ in series]):
+        if max_samples is not None and count_rows(
+                conn, t.sample_chunks, chunk, lo_ms=lo, hi_ms=hi) > max_samples:
+            raise LimitExceeded(f"the query would read more than {max_samples:,} samples",
+                                what="samples", limit=max_samples)
+        keep.update(np.unique(raw_samples(conn, chunk, lo_ms=lo, hi_ms=hi).ids).tolist())
+    return [(sid, key) for sid, key in series if sid in keep]
+
+
+def check_samples(conn: Connection, series: Candidates, *, lo_ms: int, hi_ms: int,
+                  max_samples: int) -> None:
+    """``LimitExceeded`` when reading raw ``series`` over the window would decode more than
+    ``max_samples`` samples (counted, not read)."""
+    total = 0
+    for chunk in _chunks([sid for sid, _ in series]):
+        total += count_rows(conn, t.sample_chunks, chunk, lo_ms=lo_ms, hi_ms=hi_ms)
+        if total > max_samples:
+            raise LimitExceeded(f"the query would read more than {max_samples:,} samples",
+                                what="samples", limit=max_samples)
 
 
 def raw_samples(conn: Connection, ids: Sequence[int], *, lo_ms: int, hi_ms: int) -> Merged:

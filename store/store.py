@@ -28,7 +28,7 @@ import sqlite3
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Container, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Container, Iterable, Iterator, Mapping
 from contextlib import closing, contextmanager
 from operator import itemgetter
 from types import TracebackType
@@ -855,8 +855,10 @@ class Store:
         start: float | None = None,
         end: float | None = None,
         limit: int = 10_000,
+        newest_first: bool = False,
     ) -> list[ProbeResult]:
-        """Flushed probe results, oldest first, optionally of one probe within ``[start, end]``."""
+        """Flushed probe results, oldest first (``newest_first``: the newest ``limit``, newest
+        first), optionally of one probe within ``[start, end]``."""
         tbl = t.probe_results
         stmt = select(tbl)
         if probe is not None:
@@ -865,7 +867,8 @@ class Store:
             stmt = stmt.where(tbl.c.ts >= round(start * 1000))
         if end is not None:
             stmt = stmt.where(tbl.c.ts <= round(end * 1000))
-        stmt = stmt.order_by(tbl.c.ts, tbl.c.id).limit(limit)
+        order = (tbl.c.ts.desc(), tbl.c.id.desc()) if newest_first else (tbl.c.ts, tbl.c.id)
+        stmt = stmt.order_by(*order).limit(limit)
         with self._db("query probe results"), transaction(self._engine, write=False) as conn:
             return [
                 ProbeResult(
@@ -906,6 +909,51 @@ class Store:
         text (``query.series_page``): the catalogue one page at a time."""
         with self._db("query series"), transaction(self._engine, write=False) as conn:
             return query.series_page(conn, name=name, target=target, after=after, limit=limit)
+
+    def select_series(
+        self,
+        *,
+        names: Collection[str] | None = None,
+        target: str | None = None,
+        where: query.SeriesFilter | None = None,
+        after: SeriesKey | None = None,
+        limit: int | None = None,
+        start: float | None = None,
+        end: float | None = None,
+        max_samples: int | None = None,
+    ) -> list[SeriesKey]:
+        """Series passing ``where`` (and with a sample in ``[start, end]`` when either is
+        given), at most ``limit`` after ``after``, in :meth:`series_page`'s order
+        (``query.select_page``)."""
+        window = None
+        if start is not None or end is not None:
+            window = _window(-MAX_SECONDS if start is None else start,
+                             MAX_SECONDS if end is None else end)
+        with self._db("query series"), transaction(self._engine, write=False) as conn:
+            return query.select_page(conn, names=names, target=target, where=where,
+                                     after=after, limit=limit, window=window,
+                                     max_samples=max_samples)
+
+    def select_columns(
+        self,
+        *,
+        start: float,
+        end: float,
+        names: Collection[str] | None = None,
+        target: str | None = None,
+        where: query.SeriesFilter | None = None,
+        max_series: int | None = None,
+        max_samples: int | None = None,
+    ) -> SeriesColumns:
+        """Raw samples in ``[start, end]`` of the series passing ``where``, bounded as
+        :meth:`bucket_columns` is (``LimitExceeded`` before reading)."""
+        lo, hi = _window(start, end)
+        with self._db("query range"), transaction(self._engine, write=False) as conn:
+            found = query.find_series(conn, name=None, names=names, target=target, match=None,
+                                      where=where, max_series=max_series)
+            if max_samples is not None:
+                query.check_samples(conn, found, lo_ms=lo, hi_ms=hi, max_samples=max_samples)
+            return query.raw_columns(conn, found, lo_ms=lo, hi_ms=hi)
 
     def range(
         self,
@@ -1149,6 +1197,11 @@ class Store:
             raise StoreError(
                 f"{action} on {self.url_redacted} failed: {reason}", url=self.url_redacted
             ) from exc
+
+
+#: The widest window a query may name (years 1 to 9999, as the API's times): an open end of
+#: ``select_series`` reads as this.
+MAX_SECONDS = 253_402_300_799.0
 
 
 def _window(start: float, end: float) -> tuple[int, int]:

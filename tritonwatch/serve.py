@@ -50,6 +50,7 @@ from tritonwatch import memory
 from tritonwatch.alerts.jobs import AlertJob
 from tritonwatch.alerts.report.job import install_report_job
 from tritonwatch.api.app import create_app
+from tritonwatch.api.exporter import Live
 from tritonwatch.collector.jobs import Collector, SelfMetrics
 from tritonwatch.schemas.config import Config
 from tritonwatch.store import Pending, Store, open_store, spill, writer_lock
@@ -165,7 +166,9 @@ async def _serve(
         collected.add(collector.nvml.host)
     server = _Server(uvicorn.Config(
         create_app(store, registry=metrics.registry, alerting=config.alerting,
-                   api=config.api, targets=collected),
+                   api=config.api, targets=collected,
+                   live=Live(latest=collector.latest, engine=alert_job.engine,
+                             slos=alert_job.slos)),
         host=host, port=port,
         log_level="warning", lifespan="off", access_log=False,
         # Requests blocked on a database that stopped answering must not hold shutdown.

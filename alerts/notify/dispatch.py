@@ -130,8 +130,9 @@ class Dispatcher:
             status, ends_at = "firing", now + self.valid_for
         generator = None
         if self.external_url:
-            generator = (f"{self.external_url}/alerts?rule={quote(state.rule, safe='')}"
-                         f"&fingerprint={state.fingerprint}")
+            # The rule's entry in /api/v1/rules (api/alerting.py): a page that exists.
+            generator = (f"{self.external_url}/api/v1/rules?rule_name[]="
+                         f"{quote(state.rule, safe='')}")
         return OutgoingAlert(
             fingerprint=state.fingerprint, labels=state.labels, annotations=state.annotations,
             status="resolved" if status == "resolved" else "firing",

@@ -292,7 +292,7 @@ def test_payload_is_prometheus_postable_alerts() -> None:
         "annotations": {"summary": "burn 14.4x"},
         "startsAt": "2025-11-30T05:35:41.836Z",
         "endsAt": rfc3339(1764480950.0 + 240),
-        "generatorURL": f"http://tw.example:8501/alerts?rule=SLOBurnRate&fingerprint={s.fingerprint}",
+        "generatorURL": "http://tw.example:8501/api/v1/rules?rule_name[]=SLOBurnRate",
     }
 
 
@@ -483,7 +483,7 @@ def test_real_alertmanager_fires_and_resolves_with_our_labels_and_times(
     assert alert["annotations"] == {"summary": "burn 14.4x"}
     assert parsed(alert["startsAt"]) == pytest.approx(s.fired_at, abs=1e-6)
     assert alert["endsAt"] == ZERO_TIME
-    assert alert["generatorURL"].startswith("http://tw.test:8501/alerts?rule=")
+    assert alert["generatorURL"].startswith("http://tw.test:8501/api/v1/rules?rule_name[]=")
     assert firing["groupKey"] == f'{{}}:{{alertname="{name}"}}'
 
     # Resolve a moment after the firing webhook, not within milliseconds of it: sent at once,

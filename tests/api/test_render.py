@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Any
 
 import numpy as np
 import pytest
 
-from tritonwatch.api.render import format_ts, format_value, range_json
-from tritonwatch.schemas.samples import make_labels
-from tritonwatch.store import SeriesColumns, SeriesKey
+from tritonwatch.api.render import format_ts, format_value, matrix_json
 
 # (value, what Prometheus's jsonutil.MarshalFloat writes: strconv.AppendFloat(v, 'f' or 'e',
 # -1, 64), 'e' below 1e-6 and from 1e21)
@@ -45,14 +44,16 @@ def test_timestamps_are_plain_numbers() -> None:
         "1700000000", "1700000000.5", "1700000000.123", "-1.5"]
 
 
-def test_range_json_is_json_with_string_values() -> None:
-    keys = [SeriesKey("t", "v", make_labels({"k": 'a"b'})), SeriesKey("t", "v", ())]
-    cols = SeriesColumns(keys, np.array([0, 2, 3]), np.array([1.0, 2.5, 3.0]),
-                         np.array([math.inf, 0.5, math.nan]))
-    assert json.loads(range_json(cols)) == [
-        {"target": "t", "name": "v", "labels": {"k": 'a"b'},
-         "points": [[1, "+Inf"], [2.5, "0.5"]]},
-        {"target": "t", "name": "v", "labels": {}, "points": [[3, "NaN"]]},
-    ]
-    empty = SeriesColumns([], np.zeros(1, np.int64), np.empty(0), np.empty(0))
-    assert json.loads(range_json(empty)) == []
+def test_matrix_json_is_prometheus_matrix_with_string_values() -> None:
+    series: list[tuple[dict[str, str], Any, Any]] = [
+              ({"__name__": "v", "k": 'a"b'}, np.array([1.0, 2.5]),
+               np.array([math.inf, 0.5])),
+              ({"target": "t"}, [3.0], [math.nan]),
+              ({"empty": "1"}, [], [])]
+    assert json.loads(matrix_json(series, ["w"])) == {
+        "status": "success", "warnings": ["w"],
+        "data": {"resultType": "matrix", "result": [
+            {"metric": {"__name__": "v", "k": 'a"b'}, "values": [[1, "+Inf"], [2.5, "0.5"]]},
+            {"metric": {"target": "t"}, "values": [[3, "NaN"]]}]}}
+    assert json.loads(matrix_json([])) == {
+        "status": "success", "data": {"resultType": "matrix", "result": []}}

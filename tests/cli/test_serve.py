@@ -51,7 +51,7 @@ def test_serve_without_config_starts_empty_on_defaults(tmp_path):
     try:
         wait_for(f"http://127.0.0.1:{port}/healthz", lambda r: r.status_code == 200)
         # No targets; at most the local NVML source, which on a host without a GPU says why.
-        health = httpx.get(f"http://127.0.0.1:{port}/api/v1/targets").json()
+        health = httpx.get(f"http://127.0.0.1:{port}/api/v1/targets").json()["data"]
         assert all(h["source"] == "nvml" for h in health)
         assert all(h["up"] or h["error"].startswith("NVML unavailable") for h in health)
     finally:
@@ -78,8 +78,9 @@ def test_serve_scrapes_the_rig_and_flushes_on_sigterm(triton_rig, rig_load, tmp_
     try:
         base = f"http://127.0.0.1:{port}"
         targets = wait_for(f"{base}/api/v1/targets",
-                           lambda r: len([t for t in r.json() if t["up"]]) == 2)
-        assert {t["source"] for t in targets.json() if t["target"] == "rig"} == {"metrics", "api"}
+                           lambda r: len([t for t in r.json()["data"] if t["up"]]) == 2)
+        sources = {t["source"] for t in targets.json()["data"] if t["target"] == "rig"}
+        assert sources == {"metrics", "api"}
         time.sleep(3)  # a few scrapes, so rates exist
         metrics = httpx.get(f"{base}/metrics").text
         assert 'tritonwatch_target_up{source="metrics",target="rig"} 1.0' in metrics

@@ -97,21 +97,23 @@ def test_series_come_in_pages_that_add_up_to_the_catalogue(make_store: Callable[
     while url is not None:
         r = client.get(url)
         assert r.status_code == 200, r.text
-        page = r.json()
+        page = r.json()["data"]
         assert len(page) <= 500
-        seen += [(s["target"], s["labels"]["i"]) for s in page]
+        seen += [(s["target"], s["i"]) for s in page]
         url = next_link(r)
         if url is not None:
-            assert r.headers["warning"] == '299 tritonwatch "results truncated due to limit 500"'
+            assert r.json()["warnings"] == [
+                "results truncated due to limit 500 (api.max_limit caps it)"]
         pages += 1
     assert pages == 5 and len(seen) == 2100 and seen == sorted(set(seen))
     r = client.get("/api/v1/series", params={"limit": 1001})
     assert r.status_code == 400 and '"limit"' in r.json()["error"] and "1000" in r.json()["error"]
-    r = client.get("/api/v1/series", params={"after": "bm90IGEgdG9rZW4"})
+    r = client.get("/api/v1/series", params={"name": "boom", "after": "bm90IGEgdG9rZW4"})
     assert r.status_code == 400 and 'invalid parameter "after"' in r.json()["error"]
     # A page asked for explicitly, up to max_limit.
     r = client.get("/api/v1/series", params={"target": "t001", "limit": 1000})
-    assert len(r.json()) == 700 and next_link(r) is None and "warning" not in r.headers
+    assert len(r.json()["data"]) == 700 and next_link(r) is None
+    assert "warnings" not in r.json()
 
 
 def _peak_bytes(call: Callable[[], R]) -> tuple[R, int]:
@@ -135,7 +137,7 @@ def test_a_huge_catalogue_costs_one_page_of_memory(make_store: Callable[..., Sto
     client.get("/healthz")
     r, peak = _peak_bytes(lambda: client.get("/api/v1/series", params={"name": "boom",
                                                                         "limit": 10}))
-    assert r.status_code == 200 and len(r.json()) == 10 and next_link(r)
+    assert r.status_code == 200 and len(r.json()["data"]) == 10 and next_link(r)
     assert peak < 2 << 20, f"a page of 10 series took {peak / 2**20:.1f} MiB"
     # A range query over the same name is refused before its samples or keys are read.
     r, peak = _peak_bytes(lambda: client.get("/api/v1/query_range", params={
@@ -163,8 +165,8 @@ def test_range_queries_are_capped_in_points_series_and_samples(store: Store):
     r = client.get("/api/v1/query_range", params={"name": "g", "start": T0, "end": T0 + 299,
                                                    "step": "60"})
     assert r.status_code == 200, r.text
-    [series] = r.json()
-    assert [p[0] for p in series["points"]] == [T0 - 20 + 60 * k for k in range(6)]
+    [series] = r.json()["data"]["result"]
+    assert [p[0] for p in series["values"]] == [T0 - 20 + 60 * k for k in range(6)]
 
 
 def test_targets_are_paged(store: Store):
@@ -176,7 +178,7 @@ def test_targets_are_paged(store: Store):
     while url is not None:
         r = client.get(url)
         assert r.status_code == 200
-        names += [h["target"] for h in r.json()]
+        names += [h["target"] for h in r.json()["data"]]
         url = next_link(r)
     assert names == [f"t{k:02d}" for k in range(25)]
 
@@ -226,7 +228,8 @@ def test_the_token_guards_every_write_and_reads_only_when_asked(store: Store):
         r = http.post(WEBHOOK_PATH, json=payload, headers={"Authorization": f"Bearer {TOKEN}"})
         assert r.status_code == 401
         # Reads are open unless auth_reads is set.
-        for path in ("/api/v1/targets", "/api/v1/series", "/metrics", "/openapi.json", "/docs"):
+        for path in ("/api/v1/targets", "/api/v1/series?match[]=up", "/metrics", "/openapi.json",
+                     "/docs"):
             assert http.get(path).status_code == 200, path
     assert len(AlertStore(store).events()) == 1
 
@@ -246,7 +249,7 @@ def test_writes_are_refused_without_a_configured_token(store: Store):
 def test_auth_reads_guards_reads_docs_and_metrics_but_not_healthz(store: Store):
     app = create_app(store, api=api(token=TOKEN, auth_reads=True))
     with served(app) as base, httpx.Client(base_url=base, timeout=30) as http:
-        for path in ("/api/v1/targets", "/api/v1/series", "/api/v1/query_range?name=x",
+        for path in ("/api/v1/targets", "/api/v1/series?match[]=up", "/api/v1/query_range?name=x",
                      "/metrics", "/openapi.json", "/docs", "/redoc", "/no/such/path"):
             r = http.get(path)
             assert r.status_code == 401, path
@@ -341,7 +344,7 @@ def test_a_frozen_database_leaves_healthz_and_metrics_answering(postgres_db_url:
 
     async def scenario(base: str) -> tuple[list[int], float, float, list[float]]:
         async with httpx.AsyncClient(base_url=base, timeout=120) as http:
-            assert (await http.get("/api/v1/series")).status_code == 200
+            assert (await http.get("/api/v1/series?match[]=up")).status_code == 200
             answers: list[tuple[int, float]] = []
 
             async def read() -> None:
@@ -389,7 +392,7 @@ def test_bad_parameters_are_400_naming_the_parameter(store: Store):
         "end": {"name": "g", "start": "0", "end": "nan"},
         "step": {"name": "g", "step": "1e299", "start": "0", "end": "10"},
         "agg": {"name": "g", "agg": "median"},
-        "name": {"start": "0"},
+        "query": {"start": "0"},
     }
     for param, params in cases.items():
         r = client.get("/api/v1/query_range", params=params)
@@ -402,7 +405,7 @@ def test_bad_parameters_are_400_naming_the_parameter(store: Store):
     r = client.get("/api/v1/query_range", params={"name": "g", "start": "2023-11-14T22:13:20Z",
                                                    "end": "2023-11-14T23:13:20+00:00",
                                                    "step": "1m"})
-    assert r.status_code == 200 and r.json() == []
+    assert r.status_code == 200 and r.json()["data"]["result"] == []
 
 
 def test_a_database_that_is_down_answers_503(caplog: pytest.LogCaptureFixture):
@@ -410,7 +413,7 @@ def test_a_database_that_is_down_answers_503(caplog: pytest.LogCaptureFixture):
     url = f"postgresql://tw:pw-s3cret@127.0.0.1:{free_port()}/tw"
     store = open_store(url, timeout_s=2)
     client = TestClient(create_app(store, targets={"a"}))
-    for path in ("/api/v1/targets", "/api/v1/series",
+    for path in ("/api/v1/targets", "/api/v1/series?match[]=up",
                  f"/api/v1/query_range?name=g&start={T0}&end={T0 + 60}"):
         r = client.get(path)
         assert r.status_code == 503, (path, r.text)
@@ -433,7 +436,7 @@ def test_infinities_and_nan_round_trip_as_prometheus_strings(store: Store):
     r = client.get("/api/v1/query_range", params={"name": "v", "start": T0, "end": T0 + 10,
                                                    "step": "60"})
     assert r.status_code == 200, r.text
-    values = {s["labels"]["k"]: s["points"][0][1] for s in r.json()}
+    values = {s["metric"]["k"]: s["values"][0][1] for s in r.json()["data"]["result"]}
     assert (values["+inf"], values["-inf"], values["nan"]) == ("+Inf", "-Inf", "NaN")
     assert [float(values[f"x{i}"]) for i in range(len(exact))] == exact
     # Go's strconv text, as Prometheus writes it.
@@ -449,9 +452,10 @@ def test_targets_lists_only_configured_targets(store: Store):
     for name in ("kept", "removed"):
         store.write_health(TargetHealth(name, "metrics", T0, True, 0.1, 3, None))
     with TestClient(create_app(store, targets={"kept"})) as c:
-        assert [h["target"] for h in c.get("/api/v1/targets").json()] == ["kept"]
+        assert [h["target"] for h in c.get("/api/v1/targets").json()["data"]] == ["kept"]
     with TestClient(create_app(store)) as c:  # no configuration: the whole store
-        assert [h["target"] for h in c.get("/api/v1/targets").json()] == ["kept", "removed"]
+        assert [h["target"] for h in c.get("/api/v1/targets").json()["data"]] == [
+            "kept", "removed"]
 
 
 def test_serve_lists_only_the_targets_of_its_config(tmp_path: Path, fake_targets: FakeTargets):
@@ -478,7 +482,8 @@ def test_serve_lists_only_the_targets_of_its_config(tmp_path: Path, fake_targets
         while time.monotonic() < deadline:
             try:
                 seen = [h["target"] for h in
-                        httpx.get(f"http://127.0.0.1:{port}/api/v1/targets", timeout=5).json()]
+                        httpx.get(f"http://127.0.0.1:{port}/api/v1/targets",
+                                  timeout=5).json()["data"]]
             except httpx.HTTPError:
                 seen = []
             if seen:

@@ -55,7 +55,7 @@ def test_sigkill_mid_run_never_corrupts_sqlite_nor_loses_what_was_flushed(tmp_pa
                 # Until this run has flushed scrapes of its own (generous: a loaded machine).
                 deadline = time.monotonic() + 60
                 while time.monotonic() < deadline:
-                    health = httpx.get(f"http://127.0.0.1:{port}/api/v1/targets").json()
+                    health = httpx.get(f"http://127.0.0.1:{port}/api/v1/targets").json()["data"]
                     if any(h["up"] for h in health):
                         break
                     time.sleep(0.2)

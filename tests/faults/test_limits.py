@@ -386,7 +386,7 @@ def test_a_nul_byte_from_a_target_never_freezes_health_on_postgres(postgres_db_u
                 assert healths["good"].up, i
                 response = api.get("/api/v1/targets")
                 assert response.status_code == 200, response.text
-                by_name = {h["target"]: h for h in response.json()}
+                by_name = {h["target"]: h for h in response.json()["data"]}
                 seen.append(by_name)
                 # Every target's health is this round's, the good one's included.
                 assert {h["ts"] for h in by_name.values()} == {clock.now}

@@ -219,7 +219,7 @@ def test_serve_ends_within_its_bound_on_a_frozen_postgresql_and_the_next_start_s
         proc = start_serve(config, tmp_path, log_path)
         try:
             wait_for(f"http://127.0.0.1:{port}/api/v1/targets",
-                     lambda r: any(t["up"] for t in r.json()), proc=proc)
+                     lambda r: any(t["up"] for t in r.json()["data"]), proc=proc)
             with open_store(url) as reader:
                 # Working normally first: scrapes reach the database.
                 deadline = time.monotonic() + 30
@@ -437,7 +437,7 @@ def test_a_second_serve_on_one_sqlite_file_exits_naming_the_first(tmp_path: Path
         proc = start_serve(first, tmp_path, tmp_path / "a.log")
         try:
             wait_for(f"http://127.0.0.1:{port}/api/v1/targets",
-                     lambda r: any(t["up"] for t in r.json()), proc=proc)
+                     lambda r: any(t["up"] for t in r.json()["data"]), proc=proc)
             (line,) = refused(second, tmp_path)
             assert str(db) in line
             assert f"pid {proc.pid} on {socket.gethostname()}" in line

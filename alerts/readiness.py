@@ -1,0 +1,65 @@
+"""``ModelNotReady``: a model Triton's repository index lists as loaded once, and not ready now.
+
+Reads ``triton_model_ready{model, version}`` (collector/triton.py, written on the API schedule):
+an instance per (target, model, version) whose latest sample in the last ``window_s`` is 0.
+The reason Triton gives (``triton_model_ready_reason``: state and reason, e.g. ``UNAVAILABLE``,
+``unloaded``) goes in the annotations.  A model removed from the repository stops being read
+and resolves once its last sample is older than the window; a target that is down is
+TargetDown's, not this rule's (no new samples: the instance resolves after the window).
+
+Labels: ``alertname=ModelNotReady``, ``target``, ``model``, ``version``, ``severity=critical``.
+Built in: it runs whenever the built-in rules do (``defaults.enabled``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tritonwatch.schemas.alerts import AlertCandidate
+from tritonwatch.schemas.samples import label_value, make_labels
+
+if TYPE_CHECKING:
+    from tritonwatch.store import Store
+
+READY = "triton_model_ready"
+REASON = "triton_model_ready_reason"
+
+
+class ModelNotReadyRule:
+    """The built-in rule of the module docstring."""
+
+    def __init__(self, *, for_s: float = 60.0, keep_firing_for_s: float = 0.0,
+                 window_s: float = 300.0) -> None:
+        self.name = "ModelNotReady"
+        self.for_s = for_s
+        self.keep_firing_for_s = keep_firing_for_s
+        self.window_s = window_s
+
+    def evaluate(self, store: Store, now: float) -> list[AlertCandidate]:
+        start = now - self.window_s
+        down = []
+        for s in store.range(READY, start=start, end=now):
+            if s.values and s.values[-1] == 0.0:
+                down.append((s.target, label_value(s.labels, "model"),
+                             label_value(s.labels, "version"), s.ts[-1]))
+        if not down:
+            return []
+        reasons: dict[tuple[str, str, str], tuple[float, str, str]] = {}
+        for s in store.range(REASON, start=start, end=now):
+            key = (s.target, label_value(s.labels, "model"), label_value(s.labels, "version"))
+            seen = reasons.get(key)
+            if seen is None or s.ts[-1] > seen[0]:
+                reasons[key] = (s.ts[-1], label_value(s.labels, "state"),
+                                label_value(s.labels, "reason"))
+        out = []
+        for target, model, version, _ in sorted(down):
+            _, state, reason = reasons.get((target, model, version), (0.0, "", ""))
+            labels = make_labels({"alertname": self.name, "target": target, "model": model,
+                                  "version": version, "severity": "critical"})
+            why = f"{state}: {reason}" if reason else state or "not ready"
+            annotations = make_labels({
+                "summary": f"model {model} version {version} on {target} is not ready ({why})",
+                "state": state, "reason": reason,
+            })
+            out.append(AlertCandidate(labels, annotations, 0.0))
+        return out
