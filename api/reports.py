@@ -1,6 +1,7 @@
 """``/api/v1/reports``: the weekly reports kept in the store, listed and fetched.
 
-``GET /api/v1/reports[?week=2026-W48&limit=N]`` lists them newest first (summary included);
+``GET /api/v1/reports[?week=2026-W48&limit=N]`` lists them newest first (summary included), in
+the API's ``{"status": "success", "data": [...]}`` envelope;
 ``GET /api/v1/reports/{id}?format=html|md|json`` returns one rendering exactly as it was kept
 (HTML by default, the self-contained document a browser opens).
 """
@@ -12,6 +13,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, HTTPException, Query, Request, Response
 from pydantic import BaseModel
 
+from tritonwatch.api.prom import success
 from tritonwatch.store import Store
 from tritonwatch.store.reports import ReportStore
 
@@ -39,14 +41,14 @@ def reports_router() -> APIRouter:
 
     # Reads go through the API's bounded read pool (api/pool.py), as every other store read does:
     # a frozen database then costs a fast 503, not the shared thread pool.
-    @router.get("", response_model=list[ReportOut])
+    @router.get("")
     async def list_reports(
         request: Request,
         week: Annotated[str | None, Query(max_length=10, pattern=r"^\d{4}-W\d{2}$")] = None,
         limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    ) -> list[ReportOut]:
+    ) -> Response:
         rows = await request.app.state.pool.run(_reports(request).list, week=week, limit=limit)
-        return [ReportOut(**r._asdict()) for r in rows]
+        return success([ReportOut(**r._asdict()).model_dump() for r in rows])
 
     @router.get("/{report_id}")
     async def get_report(

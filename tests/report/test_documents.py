@@ -150,10 +150,10 @@ def test_api_lists_and_fetches_kept_reports(filled: Store, tmp_path: Path) -> No
     made = produce(filled, syn.config(out_dir=str(tmp_path)), syn.WEEK, specs=syn.SLOS)
     assert made is not None
     client = TestClient(create_app(filled))
-    listed = client.get("/api/v1/reports").json()
+    listed = client.get("/api/v1/reports").json()["data"]
     assert [(r["id"], r["week"]) for r in listed] == [(made.id, "2026-W43")]
     assert listed[0]["summary"]["postmortems"] == 1
-    assert client.get("/api/v1/reports", params={"week": "2026-W42"}).json() == []
+    assert client.get("/api/v1/reports", params={"week": "2026-W42"}).json()["data"] == []
     html = client.get(f"/api/v1/reports/{made.id}")
     assert html.headers["content-type"].startswith("text/html")
     assert html.text == made.documents["html"]
