@@ -107,6 +107,16 @@ class Comparison(NamedTuple):
     n_baseline: int
 
 
+class HeldBaseline(NamedTuple):
+    """The baseline an instance was judged against when it became pending, kept (with its
+    window) until the instance resolves: see :class:`RegressionRule`."""
+
+    kind: str  # "trailing" or "week_ago"
+    window: tuple[float, float]
+    values: tuple[float, ...]  # the baseline's bucket values, sorted
+    load: float | None  # the baseline's load median
+
+
 class Finding(NamedTuple):
     """One regression that holds at evaluation time."""
 
@@ -118,6 +128,7 @@ class Finding(NamedTuple):
     load_baseline: float | None
     related: tuple[str, ...]  # "KV-cache utilization 97 % (+25 %)", ...
     candidate: AlertCandidate
+    baseline: HeldBaseline  # what decided (and what a pending instance holds from now on)
 
 
 # --- statistics ------------------------------------------------------------------------------
@@ -527,12 +538,15 @@ def detect(
     *,
     alertname: str | None = None,
     cache: BaselineCache | None = None,
+    held: Mapping[GroupKey, HeldBaseline] | None = None,
 ) -> list[Finding]:
     """Every instance of ``spec`` that has regressed at ``now``.
 
     ``cache`` (one per rule, kept across evaluations: :class:`RegressionRule` does) makes the
     baselines cost one store read per new 5-minute slice instead of a read of the whole window
-    on every call; without it the baselines are read whole."""
+    on every call; without it the baselines are read whole.  ``held``: instances that are
+    pending or firing, judged against the baseline they had at onset instead of the current
+    one (a trailing baseline would otherwise learn a lasting regression as normal)."""
     if cache is None or cache.spec is not spec:
         cache = BaselineCache(spec)
     loader = _Loader(store, spec.step)
@@ -542,16 +556,25 @@ def detect(
         cache.refresh(store, kind, window)
     # The recent window: whole buckets starting in [recent_start, now].
     _, recent_by = cache.recent.read(store, recent_start, now)
-    recent_loads: dict[str, list[tuple[Labels, npt.NDArray[np.float64]]]] | None = None
+    recent_load = _RecentLoad(store, cache, recent_start, now)
 
     findings: list[Finding] = []
     for key in sorted(recent_by):
-        target, labels = key
         arr = recent_by[key]
         recent = arr[~np.isnan(arr)]
         if len(recent) < spec.min_points:
             continue
         current = float(np.median(recent))
+        hold = held.get(key) if held is not None else None
+        if hold is not None:
+            load_now = recent_load.median(key)
+            if spec.load_series is not None and not load_comparable(
+                    load_now, hold.load, spec.load_tolerance):
+                continue
+            c = compare(recent, hold.values, spec.direction)
+            if is_regression(c, spec):
+                findings.append(_finding(loader, spec, key, hold, c, load_now, now, alertname))
+            continue
         usable = [(kind, window, b) for kind, window in baselines
                   if (b := cache.baseline(kind, key)) is not None
                   and b.n >= spec.min_points]
@@ -560,29 +583,43 @@ def detect(
         # whichever decides, so the load medians and the tests are skipped (most instances).
         if not any(_has_effect(current, b.median, spec) for _, _, b in usable):
             continue
-        load_now: float | None = None
-        if cache.recent_load is not None:
-            if recent_loads is None:
-                recent_loads = defaultdict(list)
-                for (t, lbl), larr in cache.recent_load.read(store, recent_start, now)[1].items():
-                    recent_loads[t].append((lbl, larr))
-            want = _load_match(labels)
-            load_now = _summed_median([larr for lbl, larr in recent_loads.get(target, [])
-                                       if _matching(lbl, want)])
+        load_now = recent_load.median(key)
         for kind, window, _ in usable:
             load_base: float | None = None
             if spec.load_series is not None:
                 load_base = cache.load(kind, key)
                 if not load_comparable(load_now, load_base, spec.load_tolerance):
                     continue
-            c = compare(recent, cache.baseline_values(kind, key), spec.direction)
+            values = cache.baseline_values(kind, key)
+            c = compare(recent, values, spec.direction)
             if is_regression(c, spec):
-                findings.append(
-                    _finding(store, loader, spec, key, kind, window, c, load_now, load_base,
-                             now, alertname)
-                )
+                base = HeldBaseline(kind, window, tuple(values.tolist()), load_base)
+                findings.append(_finding(loader, spec, key, base, c, load_now, now, alertname))
             break
     return findings
+
+
+class _RecentLoad:
+    """The recent window's load of every target, read once per evaluation when first needed
+    (most evaluations find no instance with an effect, and read none)."""
+
+    def __init__(self, store: Store, cache: BaselineCache, start: float, now: float) -> None:
+        self.store, self.cache, self.start, self.now = store, cache, start, now
+        self._by_target: dict[str, list[tuple[Labels, npt.NDArray[np.float64]]]] | None = None
+
+    def median(self, key: GroupKey) -> float | None:
+        """Median over the window of the instance's load (summed over its series)."""
+        if self.cache.recent_load is None:
+            return None
+        if self._by_target is None:
+            self._by_target = defaultdict(list)
+            read = self.cache.recent_load.read(self.store, self.start, self.now)[1]
+            for (t, lbl), larr in read.items():
+                self._by_target[t].append((lbl, larr))
+        target, labels = key
+        want = _load_match(labels)
+        return _summed_median([larr for lbl, larr in self._by_target.get(target, [])
+                               if _matching(lbl, want)])
 
 
 def _related(
@@ -622,19 +659,16 @@ def _related(
 
 
 def _finding(
-    store: Store,
     loader: _Loader,
     spec: RegressionSpec,
     key: GroupKey,
-    kind: str,
-    base_window: tuple[float, float],
+    base: HeldBaseline,
     c: Comparison,
     load_now: float | None,
-    load_base: float | None,
     now: float,
     alertname: str | None,
 ) -> Finding:
-    del store  # related series come through the loader's cache
+    kind, base_window, load_base = base.kind, base.window, base.load
     target, labels = key
     label, unit = display(spec.series)
     against = (
@@ -687,12 +721,30 @@ def _finding(
     lbl.update(dict(labels))
     lbl.update(spec.labels)
     candidate = AlertCandidate(make_labels(lbl), make_labels(ann), c.change)
-    return Finding(target, labels, kind, c, load_now, load_base, related, candidate)
+    return Finding(target, labels, kind, c, load_now, load_base, related, candidate, base)
+
+
+class _Held(NamedTuple):
+    baseline: HeldBaseline
+    since: float  # first evaluation the condition held
+    last_true: float
+    absent_since: float | None  # first evaluation without it since it last held
 
 
 @dataclass
 class RegressionRule:
-    """A :class:`alerts.model.Rule` running :func:`detect` for one :class:`RegressionSpec`."""
+    """A :class:`alerts.model.Rule` running :func:`detect` for one :class:`RegressionSpec`.
+
+    **Baselines are held at onset.**  From the evaluation an instance is first found (it
+    becomes pending) until it would resolve, it is judged against the baseline that found it,
+    not against the moving one: a trailing baseline of 4 h would otherwise have learnt a
+    lasting regression as normal after about 2 h and resolved the alert while it still
+    lasted.  The rule follows the engine's state machine (``for``, ``keep_firing_for``) to
+    know when an instance resolves: a pending one lets go at the first evaluation without it,
+    a firing one once it has been absent for ``keep_firing_for``.  Held baselines live in
+    memory: after a restart an instance still regressed is found again against the current
+    baseline (and held from there).
+    """
 
     spec: RegressionSpec
     alertname: str | None = None
@@ -703,8 +755,11 @@ class RegressionRule:
     #: Load histories shared with the other rules of the same rules file.
     shared_loads: SharedLoads | None = field(default=None, repr=False, compare=False)
     cache: BaselineCache = field(init=False, repr=False, compare=False)
+    #: Instances pending or firing, with the baseline they were first found against.
+    held: dict[GroupKey, _Held] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        self.held = {}
         self.name = self.spec.name
         self.for_s = self.spec.for_s
         self.keep_firing_for_s = self.spec.keep_firing_for_s
@@ -714,8 +769,26 @@ class RegressionRule:
         self.cache = BaselineCache(self.spec, self.shared_loads)
 
     def evaluate(self, store: Store, now: float) -> list[AlertCandidate]:
-        return [f.candidate for f in detect(store, self.spec, now, alertname=self.alertname,
-                                            cache=self.cache)]
+        held = {key: h.baseline for key, h in self.held.items()}
+        found = detect(store, self.spec, now, alertname=self.alertname, cache=self.cache,
+                       held=held)
+        seen = set()
+        for f in found:
+            key = (f.target, f.labels)
+            seen.add(key)
+            h = self.held.get(key)
+            self.held[key] = (_Held(f.baseline, now, now, None) if h is None
+                              else h._replace(last_true=now, absent_since=None))
+        for key, h in list(self.held.items()):
+            if key in seen:
+                continue
+            fired = h.last_true - h.since >= self.for_s
+            absent = now if h.absent_since is None else h.absent_since
+            if not fired or now - absent >= self.keep_firing_for_s:
+                del self.held[key]  # the engine drops (pending) or resolves it now
+            else:
+                self.held[key] = h._replace(absent_since=absent)
+        return [f.candidate for f in found]
 
 
 def regression_rules(
