@@ -3,11 +3,12 @@
 =============================== ===================================================================
 rule (alertname)                what it flags, thresholds, timings
 =============================== ===================================================================
-``batch_fill_rate_regression``  ``sli:batch_fill_rate`` down >= 20 % (median of the last 15 min vs
-(BatchFillRateRegression)       the same hours last week, else the 4 h before, both aligned to
-                                5-minute boundaries (see detect.py); robust z >= 4 and
-                                Mann-Whitney p <= 0.001) at comparable load (request rate within
-                                ±15 %: fill rate follows load). for 5 min, keep firing 15 min.
+``batch_fill_rate_regression``  ``sli:batch_fill_rate`` down >= 15 % against what the baseline
+(BatchFillRateRegression)       expects at the request rate now (median of the last 5 min;
+                                baseline the same hours last week, else the 4 h before; load
+                                model, robust z >= 3 and Mann-Whitney p <= 0.001 on the
+                                residuals: see detect.py).  The baseline is held from onset
+                                until the alert resolves.  for 0, keep firing 5 min.
                                 severity=warning
 ``kv_cache_saturation``         ``sli:kv_cache_utilization`` (2 min mean) >= 90 %.
 (KVCacheSaturation)             for 10 min, keep firing 5 min. severity=warning
@@ -16,19 +17,20 @@ rule (alertname)                what it flags, thresholds, timings
                                 t-statistic >= 3; whole buckets only) reaches 100 % within
                                 30 min while below it now.
                                 for 5 min, keep firing 10 min. severity=warning
-``kv_cache_regression``         ``sli:kv_cache_utilization`` up >= 20 % (same test as fill rate,
-(KVCacheRegression)             baseline level above 5 %) at comparable load (request rate within
-                                ±15 %: KV use follows load). for 5 min, keep firing 15 min.
+``kv_cache_regression``         ``sli:kv_cache_utilization`` up >= 15 % at the same load (same test,
+(KVCacheRegression)             baseline level above 5 %). for 0, keep firing 5 min.
                                 severity=warning
-``gpu_utilization_regression``  ``sli:gpu_utilization`` per ``gpu_uuid`` down >= 20 % (same test)
-(GPUUtilizationRegression)      while the target's total request rate is within ±15 %.
-                                for 5 min, keep firing 15 min. severity=warning
+``gpu_utilization_regression``  ``sli:gpu_utilization`` per ``gpu_uuid`` down >= 15 % (same test)
+(GPUUtilizationRegression)      against the target's total request rate. for 0, keep firing
+                                5 min. severity=warning
+``gpu_efficiency_regression``   ``sli:gpu_utilization`` per ``gpu_uuid`` *up* >= 15 % at the same
+(GPUEfficiencyRegression)       load (more GPU per unit of load), likewise.
 ``gpu_idle_while_queued``       ``sli:gpu_idle_while_queued`` (2 min mean) >= 0.5; for targets
 (GPUIdleWhileQueued)            without that series: every GPU of the target under 10 %
                                 utilization while its models have >= 1 pending request (2 min
                                 means). for 5 min, keep firing 5 min. severity=warning
-``ttft_regression``             ``probe:ttft_seconds`` per probe and model up >= 20 % (same test)
-(TTFTRegression)                at comparable load of the model. for 5 min, keep firing 15 min.
+``ttft_regression``             ``probe:ttft_seconds`` per probe and model up >= 15 % (same test)
+(TTFTRegression)                at the model's request rate. for 0, keep firing 5 min.
                                 severity=warning
 ``itl_regression``              ``probe:itl_seconds`` likewise. severity=warning
 (ITLRegression)
@@ -91,6 +93,7 @@ _ALERTNAMES = {
     "kv_cache_exhaustion_forecast": "KVCacheExhaustionForecast",
     "kv_cache_regression": "KVCacheRegression",
     "gpu_utilization_regression": "GPUUtilizationRegression",
+    "gpu_efficiency_regression": "GPUEfficiencyRegression",
     "gpu_idle_while_queued": "GPUIdleWhileQueued",
     "ttft_regression": "TTFTRegression",
     "itl_regression": "ITLRegression",
@@ -153,44 +156,56 @@ def _regression_spec(name: str, o: DefaultOverride | None) -> RegressionSpec:
     common: dict[str, Any] = {
         "name": name,
         "baseline": "week_ago",
-        "recent_window": 900.0,
+        # 5 one-minute buckets: a step change moves their median after 3 to 4 minutes, and
+        # the alert fires then (no "for": consecutive windows overlap, so waiting for more
+        # evaluations adds delay, not evidence; the effect size, robust z and Mann-Whitney
+        # on the window are what keep noise out), within 5 minutes of the start; once it
+        # ends the condition clears within 3 minutes and the alert resolves 5 minutes later.
+        "recent_window": 300.0,
         "baseline_window": 4 * 3600.0,
-        "for": 300.0,
-        "keep_firing_for": 900.0,
+        "for": 0.0,
+        "keep_firing_for": 300.0,
+        # 5 buckets are few: a robust z of 3 with the min_effect of 15 % (which for most
+        # series is the tighter of the two) and Mann-Whitney p <= 0.001 on top.
+        "z_threshold": 3.0,
         "labels": {"alertname": _ALERTNAMES[name], "severity": "warning"},
     }
     per: dict[str, dict[str, Any]] = {
+        # Elasticities (d log series / d log request rate): a batch fills at most in proportion
+        # to what arrives, a GPU is busy at most in proportion to the work; KV-cache use is
+        # in-flight requests (rate x latency, Little's law), and latency rises with load
+        # near saturation: none of them falls when load rises.
         "batch_fill_rate_regression": {
             "series": "sli:batch_fill_rate", "direction": "down", "min_baseline": 0.01,
-            "related": ("sli:queue_time_seconds", "sli:pending_requests",
-                        "sli:gpu_utilization", "sli:kv_cache_utilization"),
+            "elasticity": (0.0, 1.0),
         },
         "kv_cache_regression": {
             "series": "sli:kv_cache_utilization", "direction": "up", "min_baseline": 0.05,
-            "related": ("sli:queue_time_seconds", "sli:pending_requests", "probe:ttft_seconds"),
+            "elasticity": (0.0, 2.0),
         },
         "gpu_utilization_regression": {
             "series": "sli:gpu_utilization", "direction": "down", "by": ("gpu_uuid",),
-            "min_baseline": 0.05,
-            "related": ("sli:batch_fill_rate", "sli:queue_time_seconds"),
+            "min_baseline": 0.05, "elasticity": (0.0, 1.0),
+        },
+        # The same series the other way: more GPU time per unit of load (a slower kernel,
+        # a lost optimisation, a co-tenant) is an efficiency regression.
+        "gpu_efficiency_regression": {
+            "series": "sli:gpu_utilization", "direction": "up", "by": ("gpu_uuid",),
+            "min_baseline": 0.05, "elasticity": (0.0, 1.0),
         },
         "ttft_regression": {
             "series": "probe:ttft_seconds", "direction": "up", "by": ("probe", "model"),
-            "related": ("sli:kv_cache_utilization", "sli:queue_time_seconds",
-                        "sli:pending_requests", "sli:batch_fill_rate"),
+            "elasticity": (0.0, math.inf),
         },
         "itl_regression": {
             "series": "probe:itl_seconds", "direction": "up", "by": ("probe", "model"),
-            "related": ("sli:kv_cache_utilization", "sli:queue_time_seconds",
-                        "sli:batch_fill_rate", "sli:gpu_utilization"),
+            "elasticity": (0.0, math.inf),
         },
     }
-    # min_effect and load_tolerance (below it: every one of these series follows load).
-    effect, tolerance = BUILTIN_REGRESSIONS[name]
-    values = {**common, "min_effect": effect, "load_tolerance": tolerance, **per[name]}
+    values = {**common, "min_effect": BUILTIN_REGRESSIONS[name], **per[name]}
     if o is not None:
         for key in ("min_effect", "z_threshold", "baseline", "recent_window",
-                    "baseline_window", "load_tolerance"):
+                    "baseline_window"):
             v = getattr(o, key)
             if v is not None:
                 values[key] = v
@@ -620,8 +635,7 @@ def default_rules(
         if name in spec.disable:
             continue
         o = spec.overrides.get(name)
-        if name in ("batch_fill_rate_regression", "kv_cache_regression",
-                    "gpu_utilization_regression", "ttft_regression", "itl_regression"):
+        if name in BUILTIN_REGRESSIONS:
             rs = _regression_spec(name, o)
             rules.append(RegressionRule(rs, alertname=_ALERTNAMES[name], shared_loads=loads))
         elif name == "kv_cache_saturation":

@@ -1,4 +1,4 @@
-"""Regression detection: a recent window against a baseline, robustly, at comparable load.
+"""Regression detection: a recent window against what a baseline expects at the same load.
 
 For each alert instance (the target plus the spec's ``by`` labels; series sharing them, such as
 one per ``gpu_uuid``, are averaged bucket by bucket) at evaluation time ``now``:
@@ -7,40 +7,56 @@ one per ``gpu_uuid``, are averaged bucket by bucket) at evaluation time ``now``:
    ``[now - recent_window, now]``.  Baselines are tried in order: with ``baseline: week_ago``
    first the same hours a week earlier (the recent window's midpoint minus 7 days, ± half the
    ``baseline_window``), then the *trailing* ``baseline_window`` just before the recent window.
-   Both baselines are aligned down to the 5-minute grid (the smallest multiple of ``step`` of
-   at least 5 min): the trailing one ends on the grid line at or before the recent window's
-   start (up to 5 min before it), the week-ago one starts on the grid line at or before its
-   unaligned start.  So a baseline changes once per 5 minutes, and :class:`BaselineCache`
-   reads each of its buckets from the store once and computes its statistics once per
-   5 minutes, instead of re-reading hours of raw samples on every 30 s evaluation.
-   A baseline is skipped when it has fewer than ``min_points`` buckets, or when load was not
-   comparable in it (step 2); the first usable one decides, and no other is tried after it
-   (the detector never shops for a baseline that fires).
-2. **Comparable load.**  The medians of ``load_series`` (default ``sli:request_rate``) of the
-   same target and model (summed over versions and models when the instance has no such
-   labels, e.g. a GPU) must differ by at most ``load_tolerance`` (relative) between the windows.
-   A fill rate that falls because traffic fell is not a regression.  Without any load data (in
-   neither window) the guard cannot be applied and the annotations say so; with load known in
-   one window only, the baseline is skipped (the windows cannot be shown comparable).
-3. **Effect.**  The relative change of the median, in the bad ``direction``, is at least
-   ``min_effect`` (and the baseline median exceeds ``min_baseline``).
-4. **Significance.**  Both must hold (SLO-alerting notes §4.2):
+   Both are aligned down to the 5-minute grid (the smallest multiple of ``step`` of at least
+   5 min), so a baseline changes once per 5 minutes, and :class:`BaselineCache` reads each of
+   its buckets from the store once and fits its model once per 5 minutes.  The first baseline
+   whose model can judge the recent load decides (step 2); no other is tried after it (the
+   detector never shops for a baseline that fires).
+2. **The load model.**  Most of these series follow load: the fill rate and the GPU
+   utilization rise with the request rate, KV-cache use with requests in flight, latency near
+   saturation.  So instead of refusing to judge when load moved (the old ±15 % guard, which
+   refused for most of a ±30 % daily cycle's ramps), each baseline is a *model* of the series
+   against its ``load_series`` (the same target and model's request rate, summed over its
+   series; the whole target's for a GPU):
 
-   * robust z of the recent median: ``(med_r - med_b) / (1.2533 * 1.4826 * MAD_b / sqrt(n_r))``
-     (the standard error of a median of ``n_r`` values whose sigma is estimated from the
-     baseline's median absolute deviation; sigma is floored at 1 % of the baseline level, so a
-     flat baseline does not turn every wobble into infinity) at least ``z_threshold``;
-   * one-sided Mann-Whitney U of the recent buckets against the baseline buckets (normal
+   ``log y = a + b * log x``, over the baseline's buckets, ``x`` smoothed over the recent
+   window's length (the recent window is judged at its median load; smoothing also keeps the
+   load's counting noise from flattening the slope).  ``b`` (the *elasticity*: 0 = does not
+   follow load, 1 = proportional) is the Theil-Sen slope (median of pairwise slopes: robust
+   to spikes) with its 99 % interval from Kendall's S (Sen 1968), both clipped to the spec's
+   ``elasticity`` range (the built-in rules: a fill rate or a GPU follows load at most
+   proportionally, and none of these series falls when load rises).  ``a`` makes the median
+   residual zero.  The recent window is judged against ``a + b * log(x_now)``, with ``b`` the
+   end of the interval *least* favourable to an alert: a load change explains as much as the
+   baseline allows, never more.  When the interval is too wide for how far load moved (half
+   its width times ``|log(x_now / x_baseline)|`` reaches ``log(1 + min_effect)``: the model
+   cannot tell a regression of ``min_effect`` from its own error), that baseline cannot
+   judge.  Without any load data (in neither window) the model is flat (``b = 0``) and the
+   annotations say so; with load known in one window only, the baseline cannot judge.
+3. **Effect.**  ``exp(median recent residual) - 1`` in the bad ``direction`` is at least
+   ``min_effect`` (and the expected level exceeds ``min_baseline``).
+4. **Significance.**  Both must hold (SLO-alerting notes §4.2), on the residuals:
+
+   * robust z of the recent median residual: ``median_r / (1.2533 * 1.4826 * MAD_b /
+     sqrt(n_r))`` (the standard error of a median of ``n_r`` values whose sigma is estimated
+     from the baseline residuals' median absolute deviation; sigma floored at 1 %, so a flat
+     baseline does not turn every wobble into infinity) at least ``z_threshold``;
+   * one-sided Mann-Whitney U of the recent residuals against the baseline's (normal
      approximation, tie-corrected) with ``p <= alpha``; robust to spikes and skew.
 
-Annotations say what changed, by how much, against which baseline, with which load, and what
-moved with it (other SLIs of the same model: queue time, KV-cache, fill rate, ...).  The labels
-are only ``alertname``, ``rule``, ``target``, the ``by`` labels and the spec's extra labels.
+:class:`RegressionRule` holds an instance's baseline (window and model) from the evaluation
+it is first found until it resolves, so a lasting regression is not learnt as normal.
+
+Annotations say what changed, by how much, against what expectation at which load, and what
+moved with it, ranked (:func:`moved_with`: queue and compute time, KV cache, waiting and paused
+requests, fill rate, GPUs), the largest moves as ``likely_cause``.  The labels are only
+``alertname``, ``rule``, ``target``, the ``by`` labels and the spec's extra labels.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -59,6 +75,8 @@ if TYPE_CHECKING:
     from tritonwatch.store import SeriesData, Store
 
 WEEK_S = 7 * 86400.0
+#: For this long after a new model version appears it is compared with the previous version.
+DEPLOY_WINDOW_S = 3600.0
 _MAD_TO_SIGMA = 1.4826
 _MEDIAN_SE = 1.2533  # sqrt(pi/2): standard error of a median over that of a mean
 _SIGMA_FLOOR = 0.01  # of the baseline level
@@ -77,6 +95,8 @@ DISPLAY: dict[str, tuple[str, str]] = {
     "sli:compute_time_seconds": ("compute time", "s"),
     "sli:pending_requests": ("pending requests", ""),
     "sli:llm_waiting_requests": ("waiting requests", ""),
+    "sli:llm_paused_requests": ("paused requests", ""),
+    "sli:llm_active_requests": ("active requests", ""),
     "sli:success_ratio": ("success ratio", "ratio"),
     "sli:ttft_seconds": ("server TTFT", "s"),
     "sli:itl_seconds": ("server ITL", "s"),
@@ -85,15 +105,25 @@ DISPLAY: dict[str, tuple[str, str]] = {
     "probe:e2e_seconds": ("end-to-end latency", "s"),
 }
 
-#: Series of the same model quoted as "what moved with it" when a spec names none.
+#: The server-side signals ranked as "what moved with it" (the likely cause) when a spec names
+#: none: where time went (queue, compute), memory (KV cache), the scheduler's backlog
+#: (waiting, paused, pending), batching, the GPUs.
 DEFAULT_RELATED: tuple[str, ...] = (
-    "sli:kv_cache_utilization",
     "sli:queue_time_seconds",
+    "sli:compute_time_seconds",
+    "sli:kv_cache_utilization",
+    "sli:llm_waiting_requests",
+    "sli:llm_paused_requests",
     "sli:pending_requests",
     "sli:batch_fill_rate",
     "sli:gpu_utilization",
+    "sli:gpu_power_ratio",
     "probe:ttft_seconds",
 )
+#: Series kept per GPU (no model label): a model's signals include every GPU of its target.
+_GPU_PREFIX = "sli:gpu_"
+#: Moves smaller than this (relative) are quoted but not named as a likely cause.
+CAUSE_MIN_CHANGE = 0.1
 
 
 class Comparison(NamedTuple):
@@ -106,6 +136,24 @@ class Comparison(NamedTuple):
     p_value: float  # one-sided Mann-Whitney p in the spec's bad direction
     n_recent: int
     n_baseline: int
+    elasticity: float = 0.0  # slope of log series on log load the comparison used
+
+
+@dataclass(frozen=True)
+class HeldBaseline:
+    """The baseline an instance was judged against when it became pending, kept (with its
+    window and load model) until the instance resolves: see :class:`RegressionRule`."""
+
+    kind: str  # "trailing" or "week_ago"
+    window: tuple[float, float]
+    model: LoadModel = field(compare=False)
+    #: After a deploy: the previous version (judged against) and when the new one appeared.
+    deploy: tuple[str, str, float] | None = None  # (previous version, new version, since)
+
+    @property
+    def load(self) -> float | None:
+        """The baseline's (smoothed) median load; None without load data."""
+        return math.exp(self.model.center) if self.model.has_load else None
 
 
 class Finding(NamedTuple):
@@ -119,6 +167,7 @@ class Finding(NamedTuple):
     load_baseline: float | None
     related: tuple[str, ...]  # "KV-cache utilization 97 % (+25 %)", ...
     candidate: AlertCandidate
+    baseline: HeldBaseline  # what decided (and what a pending instance holds from now on)
 
 
 # --- statistics ------------------------------------------------------------------------------
@@ -303,6 +352,186 @@ def load_comparable(current: float | None, baseline: float | None, tolerance: fl
     return abs(current - baseline) / baseline <= tolerance
 
 
+# --- the load model --------------------------------------------------------------------------
+
+#: Confidence of the interval of the load response (the Theil-Sen slope): within it the
+#: detector takes the slope least favourable to a verdict.
+SLOPE_CONFIDENCE_Z = 2.576  # 99 %, two-sided
+_LOG_FLOOR = 1e-3  # of the baseline median: a zero (idle) bucket counts as this in log space
+_SAME_LOAD = 0.02  # |log load change| under which the slope does not matter
+
+
+def _log(values: npt.NDArray[np.float64], floor: float) -> npt.NDArray[np.float64]:
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.log(np.maximum(values, floor))
+
+
+def smooth(values: npt.NDArray[np.float64], width: int) -> npt.NDArray[np.float64]:
+    """Centred moving mean over ``width`` buckets, NaN ignored (NaN where none)."""
+    if width <= 1 or len(values) == 0:
+        return values.copy()
+    ok = ~np.isnan(values)
+    sums = np.concatenate([[0.0], np.cumsum(np.where(ok, values, 0.0))])
+    counts = np.concatenate([[0], np.cumsum(ok)])
+    half = width // 2
+    idx = np.arange(len(values))
+    lo = np.maximum(idx - half, 0)
+    hi = np.minimum(idx - half + width, len(values))
+    n = counts[hi] - counts[lo]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out: npt.NDArray[np.float64] = (sums[hi] - sums[lo]) / n
+    out[n == 0] = np.nan
+    return out
+
+
+def theil_sen(x: npt.NDArray[np.float64], y: npt.NDArray[np.float64],
+              z: float = SLOPE_CONFIDENCE_Z) -> tuple[float, float, float] | None:
+    """Theil-Sen slope of ``y`` on ``x`` and its confidence interval from Kendall's S (Sen
+    1968): the median of the pairwise slopes, and the pairwise slopes at ranks
+    ``(N -/+ z * sqrt(var S)) / 2``.  None when no two points differ in ``x``."""
+    n = len(x)
+    if n < 3:
+        return None
+    if n > 240:  # 28,680 pairs at most: thin evenly (the fit is per 5 minutes per instance)
+        keep = np.linspace(0, n - 1, 240).round().astype(np.int64)
+        x, y, n = x[keep], y[keep], 240
+    i, j = np.triu_indices(n, 1)
+    dx = x[j] - x[i]
+    ok = dx != 0
+    if not ok.any():
+        return None
+    slopes = np.sort((y[j] - y[i])[ok] / dx[ok])
+    big_n = len(slopes)
+    c = z * math.sqrt(n * (n - 1) * (2 * n + 5) / 18.0)
+    lo = math.floor((big_n - c) / 2)
+    hi = math.ceil((big_n + c) / 2)
+    med = float(np.median(slopes))
+    low = float(slopes[lo]) if lo >= 0 else -math.inf
+    high = float(slopes[hi]) if hi < big_n else math.inf
+    return low, med, high
+
+
+@dataclass(frozen=True, eq=False)
+class LoadModel:
+    """How one instance's series responded to its load over a baseline window.
+
+    ``log series = intercept + slope * log load``, the slope fitted by Theil-Sen on the
+    baseline's buckets (load smoothed over the recent window's length), with its confidence
+    interval clipped to the spec's ``elasticity``.  Per slope of ``(low, fit, high)``: the
+    intercept (median residual zero) and the baseline's residuals, sorted."""
+
+    slopes: tuple[float, float, float]
+    intercepts: tuple[float, float, float]
+    residuals: tuple[npt.NDArray[np.float64], ...]
+    center: float  # median log load of the baseline (NaN: no load)
+    level: float  # the baseline's median of the series
+    floor: float  # values below it count as it in log space
+    n: int  # buckets fitted
+
+    @property
+    def has_load(self) -> bool:
+        return not math.isnan(self.center)
+
+
+def fit_load_model(
+    y: npt.NDArray[np.float64], x: npt.NDArray[np.float64] | None, spec: RegressionSpec,
+) -> LoadModel | None:
+    """The load model of one baseline: ``y`` the series' buckets, ``x`` the load's (the same
+    slots; None: no load series, or no load data in the window).  None with fewer than
+    ``min_points`` usable buckets."""
+    ok = ~np.isnan(y)
+    level = float(np.median(y[ok])) if ok.any() else math.nan
+    floor = max(abs(level) * _LOG_FLOOR, 1e-12) if math.isfinite(level) else 1e-12
+    width = max(1, round(spec.recent_window / spec.step))
+    lx: npt.NDArray[np.float64] | None = None
+    if x is not None:
+        xs = smooth(x, width)
+        ok &= ~np.isnan(xs)
+        lx = _log(xs[ok], max(float(np.nanmedian(xs)) * _LOG_FLOOR, 1e-12)
+                  if ok.any() else 1e-12)
+    if int(ok.sum()) < spec.min_points:
+        return None
+    ly = _log(y[ok], floor)
+    if lx is None:
+        slopes = (0.0, 0.0, 0.0)
+        center = math.nan
+    else:
+        center = float(np.median(lx))
+        lo_b, hi_b = spec.elasticity if spec.elasticity is not None else (-math.inf, math.inf)
+        ts = theil_sen(lx, ly)
+        if ts is None:  # one load level only: the slope is anything the bounds allow
+            fit = min(max(0.0, lo_b), hi_b)
+            ts = (lo_b, fit, hi_b)
+        low, fit, high = (min(max(v, lo_b), hi_b) for v in ts)
+        slopes = (low, fit, high)
+    intercepts: list[float] = []
+    residuals: list[npt.NDArray[np.float64]] = []
+    for b in slopes:
+        if not math.isfinite(b):
+            intercepts.append(math.nan)
+            residuals.append(np.empty(0))
+            continue
+        r = ly - b * lx if lx is not None else ly
+        a = float(np.median(r))
+        intercepts.append(a)
+        residuals.append(np.sort(r - a))
+    return LoadModel(slopes, (intercepts[0], intercepts[1], intercepts[2]), tuple(residuals),
+                     center, level, floor, int(ok.sum()))
+
+
+def judge(
+    model: LoadModel, recent: npt.NDArray[np.float64], load_now: float | None,
+    spec: RegressionSpec,
+) -> Comparison | None:
+    """The recent buckets against what ``model`` expects at the recent load: the residual
+    statistics for the slope of the model's interval least favourable to a regression.
+    None when the model cannot tell an effect of ``min_effect`` at this load (its slope is
+    too uncertain for how far the load moved), or load is known in one window only."""
+    if model.has_load != (load_now is not None):
+        return None
+    ly = _log(recent, model.floor)
+    if load_now is not None:
+        lx_now = math.log(max(load_now, math.exp(model.center) * _LOG_FLOOR, 1e-12))
+        shift = lx_now - model.center
+    else:
+        lx_now, shift = 0.0, 0.0
+    low, fit, high = model.slopes
+    # How far the prediction may be off at this load: the interval's wider half times how far
+    # the load moved.  As large as the smallest effect that counts, the model cannot judge.
+    if abs(shift) > _SAME_LOAD and (
+            not (math.isfinite(low) and math.isfinite(high))
+            or max(fit - low, high - fit) * abs(shift) >= math.log1p(spec.min_effect)):
+        return None
+    sign = 1.0 if spec.direction == "up" else -1.0
+    best: tuple[float, int] | None = None
+    for k, b in enumerate(model.slopes):
+        if not math.isfinite(b):
+            continue
+        effect = float(np.median(ly)) - (model.intercepts[k] + b * lx_now)
+        if best is None or sign * effect < sign * best[0]:
+            best = (effect, k)
+    if best is None:
+        return None
+    effect, k = best
+    b, a, base_r = model.slopes[k], model.intercepts[k], model.residuals[k]
+    expected = math.exp(a + b * lx_now)
+    r = ly - (a + b * lx_now)
+    current = float(np.median(recent))
+    mad = float(np.median(np.abs(base_r - np.median(base_r)))) if len(base_r) else 0.0
+    sigma = max(_MAD_TO_SIGMA * mad, _SIGMA_FLOOR)  # log units: 1 % of the level at least
+    z = effect / (_MEDIAN_SE * sigma / math.sqrt(len(r)))
+    return Comparison(
+        current=current,
+        baseline=expected,
+        change=math.expm1(effect),
+        z=z,
+        p_value=mann_whitney_p(r, base_r, spec.direction),
+        n_recent=len(r),
+        n_baseline=model.n,
+        elasticity=b,
+    )
+
+
 # --- windows and the baseline cache ----------------------------------------------------------
 
 _LOAD_BY = ("model", "version")
@@ -334,35 +563,6 @@ def baseline_windows(spec: RegressionSpec, now: float) -> list[tuple[str, tuple[
         out.append(("week_ago", (lo, lo + spec.baseline_window)))
     out.append(("trailing", (end - spec.baseline_window, end)))
     return out
-
-
-class _Baseline(NamedTuple):
-    n: int  # buckets with a value
-    median: float
-
-
-#: Per row of a window: how many buckets have a value, and their median.
-RowStats = tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]
-
-
-def _row_stats(values: npt.NDArray[np.float64], rows_at_once: int = 2048) -> RowStats:
-    """Per row of ``values`` (NaN: no bucket): how many values, and their median (NaN for
-    none), as ``np.median`` of the row's values gives it: the middle one, or the mean of the
-    middle two.  Sorted ``rows_at_once`` rows at a time: a whole 4-hour window of 7,000
-    instances would be a 13 MB sorted copy."""
-    n = (~np.isnan(values)).sum(axis=1)
-    median = np.full(len(values), np.nan)
-    if not values.size:
-        return n, median
-    for a in range(0, len(values), rows_at_once):
-        part, k = values[a:a + rows_at_once], n[a:a + rows_at_once]
-        ordered = np.sort(part, axis=1)  # NaN last
-        rows = np.arange(len(part))
-        with np.errstate(invalid="ignore"):
-            median[a:a + len(part)] = (ordered[rows, np.maximum(k - 1, 0) // 2]
-                                       + ordered[rows, k // 2]) / 2
-    median[n == 0] = np.nan
-    return n, median
 
 
 def _matching(labels: Labels, want: Mapping[str, str]) -> bool:
@@ -417,8 +617,7 @@ class BaselineCache:
         # and both histories' generations they were computed for): every instance's baseline
         # count and median, instances' load medians, and the load history's rows per target.
         self._held: dict[str, tuple[tuple[float, float], int, int]] = {}
-        self._stats: dict[str, RowStats | None] = {}
-        self._loads: dict[str, dict[GroupKey, float | None]] = {}
+        self._models: dict[str, dict[GroupKey, LoadModel | None]] = {}
         self._by_target: dict[str, dict[str, list[int]]] = {}
 
     @property
@@ -465,43 +664,80 @@ class BaselineCache:
         held = (window, hist.generation, load_gen)
         if self._held.get(kind) != held:
             self._held[kind] = held
-            self._stats[kind] = None
-            self._loads[kind] = {}
+            self._models[kind] = {}
             self._by_target.pop(kind, None)
 
-    def baseline(self, kind: str, key: GroupKey) -> _Baseline | None:
-        """The instance's baseline count and median (``None``: no bucket in the window)."""
-        stats = self._stats[kind]
-        hist = self._series[kind]
-        if stats is None:
-            stats = self._stats[kind] = _row_stats(hist.values)
-        i = hist.rows.get(key)
-        if i is None or not stats[0][i]:
+    def load_row(self, kind: str, key: GroupKey) -> npt.NDArray[np.float64] | None:
+        """The instance's load over the window, summed bucket by bucket over its series (NaN:
+        no point); None without a load series or any load point of the instance."""
+        hist = self._load.get(kind)
+        if hist is None:
             return None
-        return _Baseline(int(stats[0][i]), float(stats[1][i]))
+        target, labels = key
+        want = _load_match(labels)
+        by_target = self._by_target.get(kind)
+        if by_target is None:  # rows per target, once per window (not a scan per instance)
+            by_target = self._by_target[kind] = defaultdict(list)
+            for i, (t, _) in enumerate(hist.keys):
+                by_target[t].append(i)
+        rows = [hist.values[i] for i in by_target.get(target, ())
+                if _matching(hist.keys[i][1], want)]
+        if not rows:
+            return None
+        stacked = np.vstack(rows)
+        present = ~np.isnan(stacked).all(axis=0)
+        if not present.any():
+            return None
+        out: npt.NDArray[np.float64] = np.nansum(stacked, axis=0)
+        out[~present] = np.nan
+        return out
 
-    def baseline_values(self, kind: str, key: GroupKey) -> npt.NDArray[np.float64]:
-        """The instance's baseline bucket values, sorted."""
-        row = self._series[kind].row(key)
-        return np.sort(row[~np.isnan(row)]) if row is not None else np.empty(0)
+    def deploy(self, kind: str, key: GroupKey, now: float, first_recent: float
+               ) -> tuple[GroupKey, float] | None:
+        """``(previous version's key, when this version appeared)`` when ``key`` is a model
+        version that appeared within :data:`DEPLOY_WINDOW_S` of ``now`` while another
+        version of the same model (same target and other ``by`` labels) had data before it
+        in ``kind``'s window; else None.  The new version's own history is minutes long:
+        for the hour after a deploy it is judged against the version it replaced."""
+        labels = dict(key[1])
+        if "version" not in labels:
+            return None
+        hist = self._series[kind]
+        step = self.spec.step
+        row = hist.row(key)
+        if row is not None and (~np.isnan(row)).any():
+            assert hist.lo is not None
+            since = hist.lo + step * int(np.flatnonzero(~np.isnan(row))[0])
+        else:
+            since = first_recent  # newer than the baseline window
+        if now - since > DEPLOY_WINDOW_S:
+            return None
+        rest = {k: v for k, v in labels.items() if k != "version"}
+        best: tuple[float, GroupKey] | None = None
+        for other, i in hist.rows.items():
+            if other[0] != key[0] or other == key:
+                continue
+            olbl = dict(other[1])
+            if {k: v for k, v in olbl.items() if k != "version"} != rest:
+                continue
+            seen = np.flatnonzero(~np.isnan(hist.values[i]))
+            if not len(seen):
+                continue
+            assert hist.lo is not None
+            first, last = (hist.lo + step * int(seen[i]) for i in (0, -1))
+            if first < since and (best is None or last > best[0]):
+                best = (last, other)
+        return None if best is None else (best[1], since)
 
-    def load(self, kind: str, key: GroupKey) -> float | None:
-        """Median over the window of the instance's load summed bucket by bucket."""
-        loads = self._loads[kind]
-        if key not in loads:
-            target, labels = key
-            want = _load_match(labels)
-            hist = self._load[kind]
-            by_target = self._by_target.get(kind)
-            if by_target is None:  # rows per target, once per window (not a scan per instance)
-                by_target = self._by_target[kind] = defaultdict(list)
-                for i, (t, _) in enumerate(hist.keys):
-                    by_target[t].append(i)
-            loads[key] = _summed_median([
-                hist.values[i] for i in by_target.get(target, ())
-                if _matching(hist.keys[i][1], want)
-            ])
-        return loads[key]
+    def model(self, kind: str, key: GroupKey) -> LoadModel | None:
+        """The instance's load model over ``kind``'s window (fitted once per quantum); None
+        with fewer than ``min_points`` buckets."""
+        models = self._models[kind]
+        if key not in models:
+            row = self._series[kind].row(key)
+            models[key] = (None if row is None
+                           else fit_load_model(row, self.load_row(kind, key), self.spec))
+        return models[key]
 
 
 def relative_change(current: float, baseline: float) -> float:
@@ -509,13 +745,6 @@ def relative_change(current: float, baseline: float) -> float:
     if baseline != 0:
         return (current - baseline) / abs(baseline)
     return math.inf if current > 0 else 0.0
-
-
-def _has_effect(current: float, baseline: float, spec: RegressionSpec) -> bool:
-    """The effect-size half of :func:`is_regression` (medians only: cheap)."""
-    sign = 1.0 if spec.direction == "up" else -1.0
-    return (abs(baseline) > spec.min_baseline
-            and sign * relative_change(current, baseline) >= spec.min_effect)
 
 
 # --- the detector ----------------------------------------------------------------------------
@@ -528,12 +757,15 @@ def detect(
     *,
     alertname: str | None = None,
     cache: BaselineCache | None = None,
+    held: Mapping[GroupKey, HeldBaseline] | None = None,
 ) -> list[Finding]:
     """Every instance of ``spec`` that has regressed at ``now``.
 
     ``cache`` (one per rule, kept across evaluations: :class:`RegressionRule` does) makes the
     baselines cost one store read per new 5-minute slice instead of a read of the whole window
-    on every call; without it the baselines are read whole."""
+    on every call; without it the baselines are read whole.  ``held``: instances that are
+    pending or firing, judged against the baseline they had at onset instead of the current
+    one (a trailing baseline would otherwise learn a lasting regression as normal)."""
     if cache is None or cache.spec is not spec:
         cache = BaselineCache(spec)
     loader = _Loader(store, spec.step)
@@ -542,108 +774,179 @@ def detect(
     for kind, window in baselines:
         cache.refresh(store, kind, window)
     # The recent window: whole buckets starting in [recent_start, now].
-    _, recent_by = cache.recent.read(store, recent_start, now)
-    recent_loads: dict[str, list[tuple[Labels, npt.NDArray[np.float64]]]] | None = None
+    stamps, recent_by = cache.recent.read(store, recent_start, now)
+    recent_load = _RecentLoad(store, cache, recent_start, now)
 
     findings: list[Finding] = []
     for key in sorted(recent_by):
-        target, labels = key
         arr = recent_by[key]
-        recent = arr[~np.isnan(arr)]
+        present = ~np.isnan(arr)
+        recent = arr[present]
         if len(recent) < spec.min_points:
             continue
-        current = float(np.median(recent))
-        usable = [(kind, window, b) for kind, window in baselines
-                  if (b := cache.baseline(kind, key)) is not None
-                  and b.n >= spec.min_points]
-        # Only the first usable baseline (enough points, comparable load) decides, and only
-        # an effect of min_effect can fire: with no candidate showing it, nothing can fire,
-        # whichever decides, so the load medians and the tests are skipped (most instances).
-        if not any(_has_effect(current, b.median, spec) for _, _, b in usable):
+        first_recent = float(stamps[present][0])
+        load_now = recent_load.median(key)
+        hold = held.get(key) if held is not None else None
+        if hold is not None:
+            c = judge(hold.model, recent, load_now, spec)
+            if c is not None and is_regression(c, spec):
+                findings.append(_finding(loader, spec, key, hold, c, load_now, now, alertname,
+                                         recent_load))
             continue
-        load_now: float | None = None
-        if cache.recent_load is not None:
-            if recent_loads is None:
-                recent_loads = defaultdict(list)
-                for (t, lbl), larr in cache.recent_load.read(store, recent_start, now)[1].items():
-                    recent_loads[t].append((lbl, larr))
-            want = _load_match(labels)
-            load_now = _summed_median([larr for lbl, larr in recent_loads.get(target, [])
-                                       if _matching(lbl, want)])
-        for kind, window, _ in usable:
-            load_base: float | None = None
-            if spec.load_series is not None:
-                load_base = cache.load(kind, key)
-                if not load_comparable(load_now, load_base, spec.load_tolerance):
-                    continue
-            c = compare(recent, cache.baseline_values(kind, key), spec.direction)
+        # The first baseline whose load model can judge the recent load decides; no other is
+        # tried after it (the detector never shops for a baseline that fires).
+        for kind, window in baselines:
+            deploy = cache.deploy(kind, key, now, first_recent)
+            if deploy is not None:  # a new version: against the previous one
+                model = cache.model(kind, deploy[0])
+            else:
+                model = cache.model(kind, key)
+            if model is None:
+                continue
+            c = judge(model, recent, load_now, spec)
+            if c is None:
+                continue
             if is_regression(c, spec):
-                findings.append(
-                    _finding(store, loader, spec, key, kind, window, c, load_now, load_base,
-                             now, alertname)
-                )
+                since = None
+                if deploy is not None:
+                    since = (dict(deploy[0][1]).get("version", ""),
+                             dict(key[1]).get("version", ""), deploy[1])
+                base = HeldBaseline(kind, window, model, since)
+                findings.append(_finding(loader, spec, key, base, c, load_now, now, alertname,
+                                         recent_load))
             break
     return findings
 
 
+class _RecentLoad:
+    """The recent window's load of every target, read once per evaluation when first needed
+    (most evaluations find no instance with an effect, and read none)."""
+
+    def __init__(self, store: Store, cache: BaselineCache, start: float, now: float) -> None:
+        self.store, self.cache, self.start, self.now = store, cache, start, now
+        self._by_target: dict[str, list[tuple[Labels, npt.NDArray[np.float64]]]] | None = None
+
+    def models(self, target: str) -> list[str]:
+        """``model`` (``version``) of every model of ``target`` with load in the window."""
+        self._read()
+        assert self._by_target is not None
+        out = set()
+        for lbl, _ in self._by_target.get(target, []):
+            d = dict(lbl)
+            if "model" in d:
+                out.add(d["model"] + (f" (version {d['version']})" if d.get("version") else ""))
+        return sorted(out)
+
+    def _read(self) -> None:
+        if self._by_target is None and self.cache.recent_load is None:
+            self._by_target = {}
+        if self._by_target is None:
+            self._by_target = defaultdict(list)
+            assert self.cache.recent_load is not None
+            read = self.cache.recent_load.read(self.store, self.start, self.now)[1]
+            for (t, lbl), larr in read.items():
+                self._by_target[t].append((lbl, larr))
+
+    def median(self, key: GroupKey) -> float | None:
+        """Median over the window of the instance's load (summed over its series)."""
+        if self.cache.recent_load is None:
+            return None
+        self._read()
+        assert self._by_target is not None
+        target, labels = key
+        want = _load_match(labels)
+        return _summed_median([larr for lbl, larr in self._by_target.get(target, [])
+                               if _matching(lbl, want)])
+
+
 class Moved(NamedTuple):
-    """One related series of an instance: its median now and over the baseline window."""
+    """One signal's move between a baseline and a recent window (:func:`moved_with`)."""
 
     series: str
-    label: str  # how annotations name it ("queue time")
-    unit: str  # "ratio", "s", "req/s" or ""
-    current: float
-    baseline: float | None  # None: no points in the baseline window
+    label: str  # "queue time"
+    current: float  # median over the recent window
+    baseline: float | None  # median over the baseline window (None: no data there)
+    text: str  # "queue time 41 ms (x4.1)"
+    unit: str = ""  # "ratio", "s", "req/s" or "": how fmt_value shows current and baseline
 
     @property
     def change(self) -> float | None:
-        """Relative change of the median (``relative_change``); None without a baseline."""
+        """Relative change (+3.1 = +310 %); None without a baseline."""
         return None if self.baseline is None else relative_change(self.current, self.baseline)
 
-    def text(self) -> str:
-        """``queue time 42 ms (+38 %)``, as the annotations quote it."""
-        out = f"{self.label} {fmt_value(self.current, self.unit)}"
-        if self.baseline is not None:
-            out += f" ({fmt_change(self.current, self.baseline)})"
-        return out
+    @property
+    def size(self) -> float:
+        """How far it moved, as |log ratio| (infinite from or to zero; 0 without baseline)."""
+        if self.baseline is None:
+            return 0.0
+        if self.baseline <= 0 or self.current <= 0:
+            return 0.0 if self.baseline == self.current else math.inf
+        return abs(math.log(self.current / self.baseline))
 
 
 def moved_with(
-    store: Store | _Loader,
-    names: Sequence[str],
+    store: Store,
     target: str,
-    labels: Labels,
+    model: Mapping[str, str],
+    *,
     recent: tuple[float, float],
     baseline: tuple[float, float],
-    *,
+    names: Sequence[str] = DEFAULT_RELATED,
     step: float = 60.0,
+    skip: Sequence[str] = (),
 ) -> list[Moved]:
-    """"What moved with it": the medians of ``names`` (series of the same target and
-    model/version as ``labels``) over ``recent`` against ``baseline``, in ``step`` buckets.
+    """What moved with a regression: each of ``names`` on ``target`` (series of the model
+    ``model`` names, e.g. ``{"model": "llm", "version": "2"}``; ``sli:gpu_*`` series of every
+    GPU of the target), its median over ``recent`` against its median over ``baseline``
+    (``step`` buckets averaged over the matching series), ranked by how far it moved (|log
+    ratio|), largest first; series without data in ``recent`` are left out.
 
-    The regression rules quote this in their annotations; the dashboard's "why" panel shows
-    it over the window the user looks at.  Series without points in ``recent`` are left out.
-    """
-    loader = store if isinstance(store, _Loader) else _Loader(store, step)
-    want = _load_match(labels)
+    The alert annotations' "likely cause" and the dashboard's "what moved with it" both come
+    from here."""
+    loader = _Loader(store, step)
+    return _moved(loader, target, dict(model), recent, baseline, names, skip)
+
+
+def _moved(
+    loader: _Loader,
+    target: str,
+    model: dict[str, str],
+    recent: tuple[float, float],
+    baseline: tuple[float, float],
+    names: Sequence[str],
+    skip: Sequence[str],
+) -> list[Moved]:
     out: list[Moved] = []
     for name in names:
-        cur_data = loader.get(name, recent[0], recent[1], want, target)
-        base_data = loader.get(name, baseline[0], baseline[1], want, target)
+        if name in skip:
+            continue
+        want = {} if name.startswith(_GPU_PREFIX) else model
 
-        def pick(data: list[SeriesData]) -> list[float]:
+        def pick(window: tuple[float, float], name: str = name,
+                 want: dict[str, str] = want) -> list[float]:
+            data = loader.get(name, window[0], window[1], want, target)
             kept = [sd for sd in data
                     if all(dict(sd.labels).get(k) == v for k, v in want.items())]
-            merged = group_points(kept, ()).get((target, ()), {})
-            return list(merged.values())
+            return list(group_points(kept, ()).get((target, ()), {}).values())
 
-        cur, base = pick(cur_data), pick(base_data)
+        cur, base = pick(recent), pick(baseline)
         if not cur:
             continue
         label, unit = display(name)
-        out.append(Moved(name, label, unit, float(np.median(cur)),
-                         float(np.median(base)) if base else None))
+        c = float(np.median(cur))
+        b = float(np.median(base)) if base else None
+        text = f"{label} {fmt_value(c, unit)}" + (f" ({fmt_change(c, b)})" if b is not None
+                                                 else "")
+        out.append(Moved(name, label, c, b, text, unit))
+    out.sort(key=lambda m: -m.size)  # stable: equal moves keep the order of ``names``
     return out
+
+
+def likely_cause(moved: Sequence[Moved], limit: int = 3) -> str:
+    """The largest moves (at least :data:`CAUSE_MIN_CHANGE`) as one line, e.g. ``queue time
+    41 ms (x4.1); KV-cache utilization 97 % (+25 %)``; "" when nothing moved that much."""
+    big = [m for m in moved if m.size >= math.log1p(CAUSE_MIN_CHANGE)]
+    return "; ".join(m.text for m in big[:limit])
 
 
 def _related(
@@ -652,29 +955,26 @@ def _related(
     key: GroupKey,
     base_window: tuple[float, float],
     now: float,
-) -> tuple[str, ...]:
+) -> list[Moved]:
     target, labels = key
     names = spec.related if spec.related is not None else DEFAULT_RELATED
-    wanted = [n for n in names if n != spec.series and n != spec.load_series]
-    recent = (now - spec.recent_window, now + spec.step)
-    return tuple(m.text() for m in moved_with(loader, wanted, target, labels, recent,
-                                               base_window))
+    skip = [spec.series] + ([spec.load_series] if spec.load_series else [])
+    return _moved(loader, target, _load_match(labels), (now - spec.recent_window,
+                  now + spec.step), base_window, names, skip)
 
 
 def _finding(
-    store: Store,
     loader: _Loader,
     spec: RegressionSpec,
     key: GroupKey,
-    kind: str,
-    base_window: tuple[float, float],
+    base: HeldBaseline,
     c: Comparison,
     load_now: float | None,
-    load_base: float | None,
     now: float,
     alertname: str | None,
+    recent_load: _RecentLoad,
 ) -> Finding:
-    del store  # related series come through the loader's cache
+    kind, base_window, load_base = base.kind, base.window, base.load
     target, labels = key
     label, unit = display(spec.series)
     against = (
@@ -684,28 +984,41 @@ def _finding(
     short_against = (
         "last week" if kind == "week_ago" else f"last {fmt_duration(spec.baseline_window)}"
     )
-    related = _related(loader, spec, key, base_window, now)
+    moved = _related(loader, spec, key, base_window, now)
+    related = tuple(m.text for m in moved)
+    cause = likely_cause(moved)
     where = ", ".join(f"{k}={v}" for k, v in labels) or "all"
+    at_load = " at this load" if load_now is not None and load_base is not None else ""
+    if base.deploy is not None:
+        old_v, new_v, since = base.deploy
+        hhmm = time.strftime("%H:%M", time.gmtime(since))
+        short_against = f"version {old_v}, since version {new_v} at {hhmm} UTC"
+        against = (f"version {old_v} over the {fmt_duration(spec.baseline_window)} before "
+                   f"version {new_v} appeared at {hhmm} UTC")
     summary = (
-        f"{label[:1].upper()}{label[1:]} {fmt_change(c.current, c.baseline)} vs {short_against}"
-        + ("; " + "; ".join(related) if related else "")
+        f"{label[:1].upper()}{label[1:]} {fmt_change(c.current, c.baseline)} vs "
+        f"{short_against}{at_load}" + ("; " + cause if cause else "")
     )
     if load_now is not None and load_base is not None:
         load_text = (
-            f"load {fmt_value(load_now, 'req/s')} now vs {fmt_value(load_base, 'req/s')} "
-            f"({fmt_change(load_now, load_base)}, within ±{spec.load_tolerance * 100:.0f} %)"
+            f"expected at the load now ({fmt_value(load_now, 'req/s')}, "
+            f"{fmt_change(load_now, load_base)} vs {fmt_value(load_base, 'req/s')} in the "
+            f"baseline) by the baseline's load response (elasticity {c.elasticity:.2f}, the "
+            f"least favourable to an alert within its 99 % interval "
+            f"{base.model.slopes[0]:.2f} to {base.model.slopes[2]:.2f})"
         )
     elif spec.load_series is None:
-        load_text = "load not checked"
+        load_text = "load not modelled"
     else:
         load_text = "load unknown (no request rate)"
     description = (
         f"{label} of {where} on {target}: median {fmt_value(c.current, unit)} over the last "
-        f"{fmt_duration(spec.recent_window)} against {fmt_value(c.baseline, unit)} over "
-        f"{against} ({kind}); change {c.change * 100:+.1f} % (min {spec.min_effect * 100:.0f} %), "
-        f"robust z {c.z:+.1f}, Mann-Whitney p {c.p_value:.1g}, "
-        f"{c.n_recent} vs {c.n_baseline} points; {load_text}."
-        + (" Moved with it: " + "; ".join(related) + "." if related else "")
+        f"{fmt_duration(spec.recent_window)} against {fmt_value(c.baseline, unit)} "
+        f"{load_text}, from {against} ({kind}); change {c.change * 100:+.1f} % "
+        f"(min {spec.min_effect * 100:.0f} %), robust z {c.z:+.1f}, Mann-Whitney p "
+        f"{c.p_value:.1g}, {c.n_recent} vs {c.n_baseline} points."
+        + (" Moved with it (largest move first): " + "; ".join(related) + "."
+           if related else "")
     )
     ann: dict[str, str] = {
         "summary": summary,
@@ -717,7 +1030,19 @@ def _finding(
         "change_percent": f"{c.change * 100:.1f}",
         "robust_z": f"{c.z:.2f}",
         "p_value": f"{c.p_value:.2g}",
+        "elasticity": f"{c.elasticity:.3g}",
+        "likely_cause": cause or "none of the server-side signals moved by 10 % or more",
     }
+    if base.deploy is not None:
+        ann["since_version"] = base.deploy[1]
+        ann["previous_version"] = base.deploy[0]
+        ann["deployed_at"] = f"{base.deploy[2]:.0f}"
+    if "model" not in dict(labels):
+        # A GPU (or target-wide) instance: name the models it serves, as labels cannot (they
+        # would change whenever a model is loaded or unloaded).
+        models = recent_load.models(target)
+        if models:
+            ann["models"] = ", ".join(models)
     if load_now is not None:
         ann["load_current"] = f"{load_now:.6g}"
     if load_base is not None:
@@ -727,12 +1052,30 @@ def _finding(
     lbl.update(dict(labels))
     lbl.update(spec.labels)
     candidate = AlertCandidate(make_labels(lbl), make_labels(ann), c.change)
-    return Finding(target, labels, kind, c, load_now, load_base, related, candidate)
+    return Finding(target, labels, kind, c, load_now, load_base, related, candidate, base)
+
+
+class _Held(NamedTuple):
+    baseline: HeldBaseline
+    since: float  # first evaluation the condition held
+    last_true: float
+    absent_since: float | None  # first evaluation without it since it last held
 
 
 @dataclass
 class RegressionRule:
-    """A :class:`alerts.model.Rule` running :func:`detect` for one :class:`RegressionSpec`."""
+    """A :class:`alerts.model.Rule` running :func:`detect` for one :class:`RegressionSpec`.
+
+    **Baselines are held at onset.**  From the evaluation an instance is first found (it
+    becomes pending) until it would resolve, it is judged against the baseline that found it,
+    not against the moving one: a trailing baseline of 4 h would otherwise have learnt a
+    lasting regression as normal after about 2 h and resolved the alert while it still
+    lasted.  The rule follows the engine's state machine (``for``, ``keep_firing_for``) to
+    know when an instance resolves: a pending one lets go at the first evaluation without it,
+    a firing one once it has been absent for ``keep_firing_for``.  Held baselines live in
+    memory: after a restart an instance still regressed is found again against the current
+    baseline (and held from there).
+    """
 
     spec: RegressionSpec
     alertname: str | None = None
@@ -743,8 +1086,11 @@ class RegressionRule:
     #: Load histories shared with the other rules of the same rules file.
     shared_loads: SharedLoads | None = field(default=None, repr=False, compare=False)
     cache: BaselineCache = field(init=False, repr=False, compare=False)
+    #: Instances pending or firing, with the baseline they were first found against.
+    held: dict[GroupKey, _Held] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        self.held = {}
         self.name = self.spec.name
         self.for_s = self.spec.for_s
         self.keep_firing_for_s = self.spec.keep_firing_for_s
@@ -754,8 +1100,26 @@ class RegressionRule:
         self.cache = BaselineCache(self.spec, self.shared_loads)
 
     def evaluate(self, store: Store, now: float) -> list[AlertCandidate]:
-        return [f.candidate for f in detect(store, self.spec, now, alertname=self.alertname,
-                                            cache=self.cache)]
+        held = {key: h.baseline for key, h in self.held.items()}
+        found = detect(store, self.spec, now, alertname=self.alertname, cache=self.cache,
+                       held=held)
+        seen = set()
+        for f in found:
+            key = (f.target, f.labels)
+            seen.add(key)
+            h = self.held.get(key)
+            self.held[key] = (_Held(f.baseline, now, now, None) if h is None
+                              else h._replace(last_true=now, absent_since=None))
+        for key, h in list(self.held.items()):
+            if key in seen:
+                continue
+            fired = h.last_true - h.since >= self.for_s
+            absent = now if h.absent_since is None else h.absent_since
+            if not fired or now - absent >= self.keep_firing_for_s:
+                del self.held[key]  # the engine drops (pending) or resolves it now
+            else:
+                self.held[key] = h._replace(absent_since=absent)
+        return [f.candidate for f in found]
 
 
 def regression_rules(

@@ -58,6 +58,11 @@ T0 = 1_750_003_200.0  # an hour boundary
 
 EXPECTED: dict[str, tuple[str, ...]] = {
     "fill_drop": ("batch_fill_rate_regression",),
+    "ramp_fill_drop": ("batch_fill_rate_regression",),
+    "ramp_ttft": ("ttft_regression",),
+    "long_fill_drop": ("batch_fill_rate_regression",),
+    "deploy_bad": ("batch_fill_rate_regression",),
+    "gpu_util_rise": ("gpu_efficiency_regression",),
     "kv_filling": ("kv_cache_saturation", "kv_cache_exhaustion_forecast", "kv_cache_regression"),
     "gpu_util_drop": ("gpu_utilization_regression",),
     "ttft_increase": ("ttft_regression",),
@@ -68,6 +73,11 @@ EXPECTED: dict[str, tuple[str, ...]] = {
 }
 SIZES: dict[str, tuple[float, ...]] = {
     "fill_drop": (0.2, 0.3, 0.5),
+    "ramp_fill_drop": (0.25,),  # starts where the daily cycle climbs fastest
+    "ramp_ttft": (0.25,),
+    "long_fill_drop": (0.3,),  # lasts LONG_S, then recovers
+    "deploy_bad": (0.3,),  # version 1 -> 2 at onset, fill rate x (1 - s)
+    "gpu_util_rise": (0.2, 0.4),  # GPU utilization x (1 + s) at the same load
     "kv_filling": (15.0, 30.0, 60.0),  # minutes to full
     "gpu_util_drop": (0.2, 0.3, 0.5),
     "ttft_increase": (0.2, 0.5, 1.0),
@@ -77,8 +87,15 @@ SIZES: dict[str, tuple[float, ...]] = {
     "target_down": (5.0, 15.0, 60.0),  # minutes down
     "steady": (0.0,),
     "traffic_drop": (0.4, 0.6),
+    "deploy_ok": (0.0,),  # version 1 -> 2 at onset, nothing else changes
+    "restart": (1.0,),  # no scrape for s minutes; then counters restart (series go on)
+    "gpu_dropout": (10.0,),  # no GPU telemetry for s minutes
 }
-CONTROLS = ("steady", "traffic_drop")
+CONTROLS = ("steady", "traffic_drop", "deploy_ok", "restart", "gpu_dropout")
+LONG = ("long_fill_drop",)  # evaluated over LONG_SPAN_S instead of SPAN_S
+LONG_S = 6 * 3600.0  # how long a long regression lasts
+LONG_SPAN_S = LONG_S + 3600.0
+RAMP = ("ramp_fill_drop", "ramp_ttft")
 
 
 @dataclass(frozen=True)
@@ -87,6 +104,8 @@ class Scenario:
     size: float
     rep: int
     onset: float  # unix s; inf for steady
+    phase: float = 1.0  # of the daily cycle
+    end: float = math.inf  # unix s: the fault ends (inf: lasts to the end)
 
     @property
     def target(self) -> str:
@@ -101,22 +120,30 @@ def scenarios(reps: int, rng: np.random.Generator) -> list[Scenario]:
         for size in sizes:
             for rep in range(n):
                 onset = math.inf if kind == "steady" else start + float(rng.uniform(10, 40)) * 60
-                out.append(Scenario(kind, size, rep, onset))
+                phase = float(rng.uniform(0, 2 * math.pi))
+                if kind in RAMP:  # the cycle climbs fastest (sin' = 1) at onset
+                    phase = -2 * math.pi * onset / 86400
+                end = onset + LONG_S if kind in LONG else math.inf
+                out.append(Scenario(kind, size, rep, onset, phase, end))
     return out
 
 
 def samples(sc: Scenario, rng: np.random.Generator) -> Iterator[tuple[float, list[Sample]]]:
     """(ts, samples) of one scrape of ``sc``'s target, every SCRAPE_S over history + span."""
-    m = make_labels({"model": "llm", "version": "1"})
+    m1 = make_labels({"model": "llm", "version": "1"})
+    m2 = make_labels({"model": "llm", "version": "2"})
     g = make_labels({"gpu_uuid": f"GPU-{sc.target}"})
     p = make_labels({"probe": f"p-{sc.target}", "model": "llm", "protocol": "grpc"})
-    phase = float(rng.uniform(0, 2 * math.pi))
-    n = int((HISTORY_S + SPAN_S) / SCRAPE_S)
+    phase = sc.phase
+    n = int((HISTORY_S + span_of(sc)) / SCRAPE_S)
     kv_base = 0.5
     for i in range(n):
         ts = T0 + i * SCRAPE_S
-        on = ts >= sc.onset
+        on = sc.onset <= ts < sc.end
         since = ts - sc.onset
+        m = m2 if sc.kind in ("deploy_bad", "deploy_ok") and on else m1
+        if sc.kind == "restart" and on and since < sc.size * 60:
+            continue  # the server restarts: nothing answers
         shape = 1 + 0.3 * math.sin(2 * math.pi * ts / 86400 + phase)
         load = shape
         if sc.kind == "traffic_drop" and on:
@@ -131,7 +158,7 @@ def samples(sc: Scenario, rng: np.random.Generator) -> Iterator[tuple[float, lis
         rate = 20 * load * noise(0.05)
         fail_ratio = sc.size if sc.kind == "failure_spike" and on else 0.002
         fill = min(1.0, 0.6 * load**0.7 * noise(0.05))
-        if sc.kind == "fill_drop" and on:
+        if sc.kind in ("fill_drop", "ramp_fill_drop", "long_fill_drop", "deploy_bad") and on:
             fill *= 1 - sc.size
         kv = min(1.0, kv_base * load * noise(0.03))
         if sc.kind == "kv_filling" and on:
@@ -139,15 +166,24 @@ def samples(sc: Scenario, rng: np.random.Generator) -> Iterator[tuple[float, lis
         gpu = min(1.0, 0.7 * load**0.8 * noise(0.05))
         if sc.kind == "gpu_util_drop" and on:
             gpu *= 1 - sc.size
+        if sc.kind == "gpu_util_rise" and on:
+            gpu = min(1.0, gpu * (1 + sc.size))
         idle = 1.0 if sc.kind == "gpu_idle" and on else 0.0
         spike = 3.0 if rng.random() < 0.005 else 1.0
         ttft = 0.2 * noise(0.10) * spike
         itl = 0.02 * noise(0.10) * (3.0 if rng.random() < 0.005 else 1.0)
-        if sc.kind == "ttft_increase" and on:
+        if sc.kind in ("ttft_increase", "ramp_ttft") and on:
             ttft *= 1 + sc.size
         if sc.kind == "itl_increase" and on:
             itl *= 1 + sc.size
+        gpu_series = [
+            Sample("sli:gpu_utilization", g, gpu),
+            Sample("sli:gpu_idle_while_queued", g, idle),
+        ]
+        if sc.kind == "gpu_dropout" and on and since < sc.size * 60:
+            gpu_series = []
         yield ts, [
+            *gpu_series,
             Sample("up", (), 1.0),
             Sample("sli:request_rate", m, rate * (1 - fail_ratio)),
             Sample("sli:failure_rate", make_labels({**dict(m), "reason": "timeout"}),
@@ -156,11 +192,13 @@ def samples(sc: Scenario, rng: np.random.Generator) -> Iterator[tuple[float, lis
             Sample("sli:kv_cache_utilization", m, kv),
             Sample("sli:queue_time_seconds", m, 0.01 * noise(0.2)),
             Sample("sli:pending_requests", m, float(rng.poisson(2))),
-            Sample("sli:gpu_utilization", g, gpu),
-            Sample("sli:gpu_idle_while_queued", g, idle),
             Sample("probe:ttft_seconds", p, ttft),
             Sample("probe:itl_seconds", p, itl),
         ]
+
+
+def span_of(sc: Scenario) -> float:
+    return LONG_SPAN_S if sc.kind in LONG else SPAN_S
 
 
 @dataclass
@@ -168,14 +206,25 @@ class _State:
     since: float
     last_true: float
     firing: bool
+    absent_since: float | None = None
+
+
+@dataclass
+class Firing:
+    rule: str
+    target: str
+    labels: dict[str, str]
+    fired_at: float
+    resolved_at: float | None = None
 
 
 def replay(store: Store, rules: list[Rule], start: float, end: float, step: float
-           ) -> tuple[list[tuple[str, str, float]], dict[str, float]]:
-    """Evaluate ``rules`` from ``start`` to ``end``; returns (rule, target, fired_at) for each
-    transition to firing, and seconds spent per rule."""
+           ) -> tuple[list[Firing], dict[str, float]]:
+    """Evaluate ``rules`` from ``start`` to ``end`` with the engine's for / keep_firing_for
+    state machine; returns every firing (with when it resolved) and seconds spent per rule."""
     states: dict[tuple[str, tuple[tuple[str, str], ...]], _State] = {}
-    fired: list[tuple[str, str, float]] = []
+    open_: dict[tuple[str, tuple[tuple[str, str], ...]], Firing] = {}
+    fired: list[Firing] = []
     cost: dict[str, float] = {r.name: 0.0 for r in rules}
     now = start
     while now <= end:
@@ -190,15 +239,21 @@ def replay(store: Store, rules: list[Rule], start: float, end: float, step: floa
                 st = states.get(key)
                 if st is None:
                     st = states[key] = _State(now, now, False)
-                st.last_true = now
+                st.last_true, st.absent_since = now, None
                 if not st.firing and now - st.since >= rule.for_s:
                     st.firing = True
-                    fired.append((rule.name, dict(c.labels)["target"], now))
+                    labels = dict(c.labels)
+                    f = open_[key] = Firing(rule.name, labels["target"], labels, now)
+                    fired.append(f)
             for key, st in list(states.items()):
                 if key[0] != rule.name or key in seen:
                     continue
-                if not st.firing or now - st.last_true > rule.keep_firing_for_s:
+                if st.absent_since is None:
+                    st.absent_since = now
+                if not st.firing or now - st.absent_since >= rule.keep_firing_for_s:
                     del states[key]
+                    if key in open_:
+                        open_.pop(key).resolved_at = now
         now += step
     return fired, cost
 
@@ -214,79 +269,140 @@ def main() -> None:
     scs = scenarios(args.reps, rng)
     by_target = {sc.target: sc for sc in scs}
     t_start = time.perf_counter()
-    with tempfile.TemporaryDirectory() as tmp:
-        store = open_store(f"sqlite:///{Path(tmp) / 'bench.db'}")
-        store.create_schema()
-        rows = 0
-        for sc in scs:
-            for ts, ss in samples(sc, rng):
-                rows += store.write(sc.target, ts, ss)
-            store.flush()
-        t_written = time.perf_counter()
-        rules = default_rules(None)
-        start = T0 + HISTORY_S
-        fired, cost = replay(store, rules, start, start + SPAN_S, args.eval_interval)
-        store.close()
+    fired: list[Firing] = []
+    cost: dict[str, float] = {}
+    rows = 0
+    write_s = 0.0
+    for span in sorted({span_of(sc) for sc in scs}):
+        group = [sc for sc in scs if span_of(sc) == span]
+        with tempfile.TemporaryDirectory() as tmp:
+            t = time.perf_counter()
+            store = open_store(f"sqlite:///{Path(tmp) / 'bench.db'}")
+            store.create_schema()
+            for sc in group:
+                for ts, ss in samples(sc, rng):
+                    rows += store.write(sc.target, ts, ss)
+                store.flush()
+            write_s += time.perf_counter() - t
+            rules = default_rules(None)
+            start = T0 + HISTORY_S
+            got, c = replay(store, rules, start, start + span, args.eval_interval)
+            fired += got
+            for k, v in c.items():
+                cost[k] = cost.get(k, 0.0) + v
+            store.close()
     t_done = time.perf_counter()
 
+    def hits(sc: Scenario, expected: tuple[str, ...]) -> list[Firing]:
+        return sorted((f for f in fired if f.target == sc.target and f.rule in expected
+                       and f.fired_at >= sc.onset), key=lambda f: f.fired_at)
+
+    def is_true(f: Firing) -> bool:
+        sc = by_target[f.target]
+        return f.rule in EXPECTED.get(sc.kind, ()) and f.fired_at >= sc.onset
+
     report: dict[str, dict[str, object]] = {}
+    all_delays: list[float] = []
     for kind, expected in EXPECTED.items():
         kind_scs = [sc for sc in scs if sc.kind == kind]
         delays: list[float] = []
         for sc in kind_scs:
-            hits = [ts for r, t, ts in fired if t == sc.target and r in expected
-                    and ts >= sc.onset]
-            if hits:
-                delays.append(min(hits) - sc.onset)
-        mine = [(r, t, ts) for r, t, ts in fired if r in expected]
-        true = [x for x in mine
-                if by_target[x[1]].kind == kind and x[2] >= by_target[x[1]].onset]
-        report[kind] = {
+            h = hits(sc, expected)
+            if h:
+                delays.append(h[0].fired_at - sc.onset)
+        all_delays += delays
+        # Precision: of the firings of this kind's rules on this kind's targets and on
+        # targets where those rules are not expected (or fired before onset), the share
+        # on this kind's targets after onset.  A rule firing on another fault kind that
+        # also expects it (a fill rule on a deploy that cuts the fill rate) is neither.
+        mine = [f for f in fired if f.rule in expected and (
+            by_target[f.target].kind == kind or not is_true(f))]
+        true = [f for f in mine if by_target[f.target].kind == kind and is_true(f)]
+        entry: dict[str, object] = {
             "scenarios": len(kind_scs),
             "detected": len(delays),
             "recall": len(delays) / len(kind_scs),
             "firings": len(mine),
             "precision": len(true) / len(mine) if mine else None,
             "median_delay_min": statistics.median(delays) / 60 if delays else None,
+            "max_delay_min": max(delays) / 60 if delays else None,
             "by_size": {
-                f"{size:g}": sum(
-                    1 for sc in kind_scs if sc.size == size and any(
-                        t == sc.target and r in expected and ts >= sc.onset
-                        for r, t, ts in fired))
+                f"{size:g}": sum(1 for sc in kind_scs if sc.size == size and hits(sc, expected))
                 for size in SIZES[kind]
             },
         }
-    control_hours = sum(SPAN_S for sc in scs if sc.kind in CONTROLS) / 3600
-    false_alarms = [(r, t) for r, t, _ in fired if by_target[t].kind in CONTROLS]
-    pre_onset = [(r, t) for r, t, ts in fired
-                 if by_target[t].kind not in CONTROLS and ts < by_target[t].onset]
+        if kind in LONG:
+            # Held for the whole regression: one alert from detection to past its end,
+            # resolved within 10 minutes of the end.
+            held = []
+            for sc in kind_scs:
+                h = hits(sc, expected)
+                held.append(len(h) == 1 and h[0].resolved_at is not None
+                            and sc.end <= h[0].resolved_at <= sc.end + 600)
+            entry["held_whole_duration"] = f"{sum(held)}/{len(held)}"
+            entry["resolved_after_end_min"] = [
+                round((h[0].resolved_at - sc.end) / 60, 1)
+                if (h := hits(sc, expected)) and h[0].resolved_at is not None else None
+                for sc in kind_scs]
+        report[kind] = entry
+    control_hours = sum(span_of(sc) for sc in scs if sc.kind in CONTROLS) / 3600
+    false_alarms = [(f.rule, f.target) for f in fired if by_target[f.target].kind in CONTROLS]
+    pre_onset = [(f.rule, f.target) for f in fired
+                 if by_target[f.target].kind not in CONTROLS
+                 and f.fired_at < by_target[f.target].onset]
+    # Every alert says what regressed: a model (or probe of one) or a GPU.
+    unnamed = [(f.rule, f.target) for f in fired
+               if not ({"model", "gpu_uuid"} & f.labels.keys()) and f.rule != "target_down"]
+    wrong = [(f.rule, f.target, round((f.fired_at - T0 - HISTORY_S) / 60, 1))
+             for f in fired if not is_true(f)]
     summary = {
         "kinds": report,
+        "overall": {
+            "precision": round(1 - len(wrong) / len(fired), 3) if fired else None,
+            "recall": round(sum(int(r["detected"]) for r in report.values())  # type: ignore[call-overload]
+                            / sum(int(r["scenarios"]) for r in report.values()), 3),  # type: ignore[call-overload]
+            "median_delay_min": (round(statistics.median(all_delays) / 60, 1)
+                                 if all_delays else None),
+            "max_delay_min": round(max(all_delays) / 60, 1) if all_delays else None,
+        },
         "control_targets": sum(1 for sc in scs if sc.kind in CONTROLS),
         "control_hours": control_hours,
         "false_alarms_on_controls": false_alarms,
         "firings_before_onset": pre_onset,
+        "false_firings": wrong,
+        "alerts_naming_no_model_or_gpu": unnamed,
         "rows": rows,
-        "seconds": {"write": round(t_written - t_start, 1), "replay": round(t_done - t_written, 1)},
+        "seconds": {"write": round(write_s, 1), "replay": round(t_done - t_start - write_s, 1)},
         "rule_seconds": {k: round(v, 2) for k, v in cost.items()},
     }
     if args.json:
         print(json.dumps(summary, indent=2))
         return
-    print(f"{len(scs)} scenarios, {rows} samples, eval every {args.eval_interval:g} s over "
-          f"{SPAN_S / 3600:g} h; write {summary['seconds']['write']} s, "  # type: ignore[index]
+    print(f"{len(scs)} scenarios, {rows} samples, seed {args.seed}, eval every "
+          f"{args.eval_interval:g} s over {SPAN_S / 3600:g} h ({LONG_SPAN_S / 3600:g} h for "
+          f"{', '.join(LONG)}); write {summary['seconds']['write']} s, "  # type: ignore[index]
           f"replay {summary['seconds']['replay']} s")  # type: ignore[index]
-    print(f"{'kind':<15}{'recall':>10}{'precision':>11}{'median delay':>14}  detected by size")
+    print(f"{'kind':<16}{'recall':>10}{'precision':>11}{'median delay':>14}{'max delay':>11}"
+          "  detected by size")
     for kind, r in report.items():
         prec = "-" if r["precision"] is None else f"{r['precision']:.2f}"
         delay = "-" if r["median_delay_min"] is None else f"{r['median_delay_min']:.1f} min"
+        mx = "-" if r["max_delay_min"] is None else f"{r['max_delay_min']:.1f} min"
         sizes = " ".join(f"{s}:{n}/{args.reps}" for s, n in r["by_size"].items())  # type: ignore[attr-defined]
-        print(f"{kind:<15}{r['detected']}/{r['scenarios']} {r['recall']:>5.2f}"
-              f"{prec:>11}{delay:>14}  {sizes}")
-    print(f"false alarms on {summary['control_targets']} control targets "
-          f"({control_hours:g} target-hours, steady + traffic drop): {len(false_alarms)} "
+        extra = (f"  held {r['held_whole_duration']}, resolved "
+                 f"{r['resolved_after_end_min']} min after its end" if kind in LONG else "")
+        print(f"{kind:<16}{r['detected']}/{r['scenarios']} {r['recall']:>5.2f}"
+              f"{prec:>11}{delay:>14}{mx:>11}  {sizes}{extra}")
+    o = summary["overall"]
+    print(f"overall: recall {o['recall']}, precision {o['precision']}, "  # type: ignore[index]
+          f"median delay {o['median_delay_min']} min, "  # type: ignore[index]
+          f"max {o['max_delay_min']} min")  # type: ignore[index]
+    print(f"false alarms on {summary['control_targets']} no-event targets "
+          f"({control_hours:g} target-hours: {', '.join(CONTROLS)}): {len(false_alarms)} "
           f"{false_alarms if false_alarms else ''}")
     print(f"firings before onset on fault targets: {len(pre_onset)} {pre_onset or ''}")
+    print(f"false firings (rule, target, minutes into the span): {len(wrong)} {wrong or ''}")
+    print(f"alerts naming no model or GPU: {len(unnamed)} {unnamed or ''}")
     print("rule cost (s): " + ", ".join(f"{k} {v:.1f}" for k, v in cost.items()))
 
 

@@ -582,14 +582,15 @@ def why(url: str, target: str, model: str, start: float, end: float, step: float
     lo, hi = (float(seen.ts.min()), float(seen.ts.max()) + step) if seen.keys else (start, end)
     mid = (lo + hi) / 2
     recent, baseline = (mid, hi), (lo, mid)
-    labels = (("model", model),)
     latency = None
     for name in ("probe:ttft_seconds", "probe:e2e_seconds"):
-        found = moved_with(store, [name], target, labels, recent, baseline, step=step)
+        found = moved_with(store, target, {"model": model}, recent=recent, baseline=baseline,
+                           names=[name], step=step)
         if found and found[0].baseline is not None:
             latency = found[0]
             break
-    moved = moved_with(store, WHY_SERIES, target, labels, recent, baseline, step=step)
+    moved = moved_with(store, target, {"model": model}, recent=recent, baseline=baseline,
+                       names=WHY_SERIES, step=step)
     throttle = store.bucket_columns("sli:gpu_throttling", start=recent[0], end=recent[1],
                                     step=step, agg="avg")
     finite = throttle.values[np.isfinite(throttle.values)]
