@@ -43,6 +43,7 @@ from tritonwatch.collector.nvml import NvmlCollector
 from tritonwatch.collector.parse import ParseError
 from tritonwatch.collector.probes.runner import ProbeRunner, resolve_url
 from tritonwatch.collector.probes.sink import ProbeMetrics, run_samples
+from tritonwatch.collector.remote_write.writer import RemoteWrite
 from tritonwatch.collector.scrape import ScrapeError, fetch_metrics, make_client
 from tritonwatch.collector.shape import Shape, Values, parse_columns
 from tritonwatch.collector.triton import TritonApi, TritonApiError
@@ -278,9 +279,12 @@ class Collector:
         clock: Clock = time.time,
         metrics: SelfMetrics | None = None,
         client: httpx.AsyncClient | None = None,
+        remote: RemoteWrite | None = None,
     ) -> None:
         self.config = config
         self.store = store
+        #: Remote-write receivers: every sample written to the store also goes to each.
+        self.remote = remote or RemoteWrite([])
         self.clock = clock
         self.metrics = metrics or SelfMetrics()
         self.targets = {t.name: TargetState(t, config) for t in config.targets}
@@ -427,11 +431,18 @@ class Collector:
         names, labels = state.stored_series(
             shape, [s.name for s in extra], [s.labels for s in extra]
         )
-        self.store.write_columns(
-            target.name, now, names, labels,
-            np.concatenate([values, np.fromiter((s.value for s in extra), np.float64, len(extra))]),
-        )
+        stored = np.concatenate(
+            [values, np.fromiter((s.value for s in extra), np.float64, len(extra))])
+        self.store.write_columns(target.name, now, names, labels, stored)
+        if self.remote:
+            self.remote.append_columns(target.name, now, names, labels, stored)
         return health
+
+    def _write(self, target: str, now: float, samples: list[Sample]) -> None:
+        """Samples one by one to the store and every remote-write receiver (worker thread)."""
+        self.store.write(target, now, samples)
+        if self.remote:
+            self.remote.append(target, now, samples)
 
     async def _scrape_failed(
         self, state: TargetState, now: float, start: float, reason: str, scraped: int = 0
@@ -450,7 +461,7 @@ class Collector:
         samples = self._up_samples(health)
         if state.config.labels:
             samples = _with_target_labels(samples, state.config.labels)
-        await asyncio.to_thread(self.store.write, name, now, samples)
+        await asyncio.to_thread(self._write, name, now, samples)
         return health
 
     @staticmethod
@@ -488,7 +499,7 @@ class Collector:
             if state.config.labels:
                 down = _with_target_labels(down, state.config.labels)
             self.latest.put(name, "api", now, down)
-            await asyncio.to_thread(self.store.write, name, now, down)
+            await asyncio.to_thread(self._write, name, now, down)
             return health
         except Exception as exc:
             self.latest.drop(name, "api")
@@ -501,7 +512,7 @@ class Collector:
         self.latest.put(name, "api", now, samples)
         health = TargetHealth(name, "api", now, True, reading.duration_s, raw_count)
         health = await self._record(health)
-        await asyncio.to_thread(self.store.write, name, now, samples)
+        await asyncio.to_thread(self._write, name, now, samples)
         await self._write_configs(state, reading.raw_configs, now)
         return health
 
@@ -556,7 +567,7 @@ class Collector:
         readings = {name: st.gpu_reading() for name, st in self.targets.items()}
         samples = samples + deriver.derive_columns(samples, readings)
         self.latest.put(health.target, "nvml", health.ts, samples)
-        self.store.write(health.target, health.ts, samples)
+        self._write(health.target, health.ts, samples)
         return health
 
     async def run_probe(self, name: str) -> list[ProbeResult]:
@@ -583,7 +594,7 @@ class Collector:
         await asyncio.to_thread(self.store.write_probe_results, results)
         series = run_samples(runner.config, results)
         self.latest.put(runner.target, source, now, series)
-        await asyncio.to_thread(self.store.write, runner.target, now, series)
+        await asyncio.to_thread(self._write, runner.target, now, series)
         error = None
         if failed:
             last = failed[-1]

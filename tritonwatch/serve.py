@@ -52,6 +52,7 @@ from tritonwatch.alerts.report.job import install_report_job
 from tritonwatch.api.app import create_app
 from tritonwatch.api.exporter import Live
 from tritonwatch.collector.jobs import Collector, SelfMetrics
+from tritonwatch.collector.remote_write.writer import RemoteWrite
 from tritonwatch.schemas.config import Config
 from tritonwatch.store import Pending, Store, open_store, spill, writer_lock
 from tritonwatch.store.writer_lock import WriterLock
@@ -151,7 +152,10 @@ async def _serve(
 ) -> None:
     store = prepare_store(config)
     metrics = SelfMetrics()
-    collector = Collector(config, store, metrics=metrics)
+    remote = RemoteWrite.from_config(config.remote_write, config.store.url,
+                                     registry=metrics.registry)
+    remote.start()
+    collector = Collector(config, store, metrics=metrics, remote=remote)
     scheduler = AsyncIOScheduler(timezone="UTC")
     collector.install(scheduler)
     # After the collector: its job listener also logs and counts a failing alerts:evaluate.
@@ -228,6 +232,8 @@ async def _serve(
                 await asyncio.sleep(0)
                 await collector.close()
                 await asyncio.to_thread(alert_job.close)
+                # Unsent remote-write samples stay in its on-disk buffer for the next start.
+                await asyncio.to_thread(remote.close)
         finally:
             # Flushes (retrying) until the deadline, then spills what is left; never raises.
             await asyncio.to_thread(
