@@ -29,8 +29,9 @@ from tritonwatch.schemas.config import (
 )
 
 #: Default on-disk buffer per receiver.  At the 1,000-target reference load (about 100,000
-#: samples/s, about 9 bytes a sample once snappy has packed a request: measured in
-#: bench/remote_write.py) 2 GiB hold 2,400 s, so a 15-minute outage loses nothing.
+#: samples/s, about 10 bytes a sample once snappy has packed a request: measured in
+#: tests/scale/test_remote_write_unit.py) 2 GiB hold about 2,100 s, so a 15-minute outage
+#: loses nothing.
 DEFAULT_BUFFER_BYTES = 2 * 1024**3
 
 
