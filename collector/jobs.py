@@ -285,6 +285,8 @@ class Collector:
         self.store = store
         #: Remote-write receivers: every sample written to the store also goes to each.
         self.remote = remote or RemoteWrite([])
+        #: Which targets this process collects now (``cluster``: its leased share); None: all.
+        self.owns: Callable[[str], bool] | None = None
         self.clock = clock
         self.metrics = metrics or SelfMetrics()
         self.targets = {t.name: TargetState(t, config) for t in config.targets}
@@ -625,21 +627,42 @@ class Collector:
             rollup_5m_s=retention.rollup_5m, rollup_1h_s=retention.rollup_1h,
         )
 
+    def collects(self, target: str) -> bool:
+        """Whether this process reads ``target`` now (always, outside a cluster)."""
+        return self.owns is None or self.owns(target)
+
+    async def _scrape_if_owned(self, name: str) -> None:
+        if self.collects(name):
+            await self.scrape(name)
+
+    async def _api_if_owned(self, name: str) -> None:
+        if self.collects(name):
+            await self.read_api(name)
+
+    async def _probe_if_owned(self, name: str) -> None:
+        if self.collects(self.probes[name].target):
+            await self.run_probe(name)
+
     def install(self, scheduler: AsyncIOScheduler) -> None:
-        """Add every job to ``scheduler`` (which the caller starts and stops)."""
+        """Add every job to ``scheduler`` (which the caller starts and stops).
+
+        Scrape, API and probe jobs exist for every configured target; in a cluster each run
+        first asks :meth:`collects`, so a target moving between members needs no job change.
+        """
         scheduler.add_listener(self._on_job_event, EVENT_JOB_ERROR | EVENT_JOB_MISSED)
         now = datetime.now(UTC)
         for name, state in self.targets.items():
             interval = self.config.interval_for(state.config)
-            self._add(scheduler, self.scrape, f"scrape:{name}", interval, now, args=[name])
+            self._add(scheduler, self._scrape_if_owned, f"scrape:{name}", interval, now,
+                      args=[name])
             if state.api is not None:
-                self._add(scheduler, self.read_api, f"api:{name}", self.config.scrape.api_interval,
-                          now, args=[name])
+                self._add(scheduler, self._api_if_owned, f"api:{name}",
+                          self.config.scrape.api_interval, now, args=[name])
         if self.nvml is not None:
             self._add(scheduler, self.read_nvml, "nvml", self.config.nvml.interval, now)
         for name, runner in self.probes.items():
-            self._add(scheduler, self.run_probe, f"probe:{name}", runner.config.interval, now,
-                      args=[name])
+            self._add(scheduler, self._probe_if_owned, f"probe:{name}", runner.config.interval,
+                      now, args=[name])
         self._add(scheduler, self.flush, "store:flush", self.config.store.flush_interval, now)
         self._add(scheduler, self.maintain, "store:maintain", 300.0, now)
 

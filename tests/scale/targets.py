@@ -47,8 +47,10 @@ class _Handler(BaseHTTPRequestHandler):
         with self.server.lock:
             self.server.hits[name].append((time.time(), self.headers.get("User-Agent", "")))
             scrape = self.server.scrapes[name] = self.server.scrapes[name] + 1
-        body = payload(scrape, self.server.models, self.server.gpus).encode()
-        self.send_response(200)
+            broken = name in self.server.broken
+        body = b"broken on purpose" if broken else payload(
+            scrape, self.server.models, self.server.gpus).encode()
+        self.send_response(500 if broken else 200)
         self.send_header("Content-Type", "text/plain; version=0.0.4")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -65,6 +67,7 @@ class _Server(ThreadingHTTPServer):
     scrapes: defaultdict[str, int]
     models: int
     gpus: int
+    broken: set[str]
 
 
 class SimulatedTargets:
@@ -75,6 +78,11 @@ class SimulatedTargets:
 
     def url(self, name: str) -> str:
         return f"{self.base}/metrics/{name}"
+
+    def set_broken(self, name: str, broken: bool) -> None:
+        """``name`` answers 500 (a target that is down) until set back."""
+        with self.server.lock:
+            (self.server.broken.add if broken else self.server.broken.discard)(name)
 
     def hits(self, name: str) -> list[tuple[float, str]]:
         with self.server.lock:
@@ -88,6 +96,7 @@ def simulated_targets(models: int = 3, gpus: int = 2) -> Iterator[SimulatedTarge
     server.hits = defaultdict(list)
     server.scrapes = defaultdict(int)
     server.models, server.gpus = models, gpus
+    server.broken = set()
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
