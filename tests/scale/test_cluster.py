@@ -9,6 +9,7 @@ it fires and once when it resolves.
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import subprocess
@@ -25,6 +26,7 @@ import yaml
 
 from tests.fixtures_alertmanager import AlertmanagerServer
 from tests.fixtures_http import free_port
+from tests.scale.receivers import VictoriaMetrics, running
 from tests.scale.targets import SimulatedTargets, simulated_targets
 from tritonwatch.cluster import rendezvous
 from tritonwatch.schemas.config import validate_config
@@ -41,7 +43,7 @@ ALERT = "ScaleFailoverTargetDown"
 
 class Member:
     def __init__(self, name: str, tmp: Path, sims: SimulatedTargets, db_url: str,
-                 am_url: str) -> None:
+                 am_url: str, write_url: str) -> None:
         self.name = name
         self.port = free_port()
         self.dir = tmp / name
@@ -62,6 +64,10 @@ class Member:
             "nvml": {"enabled": False},
             "alerting": {"rules_file": str(rules), "eval_interval": "1s",
                          "alertmanagers": [am_url]},
+            "remote_write": [{"name": "vm", "url": write_url,
+                              "queue": {"batch_send_deadline": "1s"},
+                              "buffer": {"dir": str(self.dir / "rw"), "max_size": "64MiB",
+                                         "segment_size": "1MiB"}}],
             "cluster": {"enabled": True, "member": name, "heartbeat": f"{HEARTBEAT:g}s",
                         "lease_ttl": f"{LEASE_TTL:g}s"},
         }
@@ -140,8 +146,10 @@ def test_two_collectors_share_targets_fail_over_and_one_evaluator_notifies_once(
     am = running_alertmanager
     want = rendezvous(TARGETS, list(MEMBERS))
     assert set(want.values()) == set(MEMBERS)  # both get a share (fixed names: deterministic)
-    with simulated_targets(models=2, gpus=1) as sims:
-        a, b = (Member(n, tmp_path, sims, postgres_db_url, am.url) for n in MEMBERS)
+    with simulated_targets(models=2, gpus=1) as sims, \
+            running(VictoriaMetrics(tmp_path / "vm")) as vm:
+        a, b = (Member(n, tmp_path, sims, postgres_db_url, am.url, vm.write_url)
+                for n in MEMBERS)
         try:
             a.start()
             wait_until("member-a evaluating", lambda: evaluator(postgres_db_url) == a.name,
@@ -159,6 +167,12 @@ def test_two_collectors_share_targets_fail_over_and_one_evaluator_notifies_once(
             for name in TARGETS:
                 hits = [t for t, _ in sims.hits(name) if t0 <= t < t1]
                 assert 3 <= len(hits) <= 6, (name, len(hits))
+            # ... and its series reach VictoriaMetrics once: one `up` per scrape, never two.
+            wait_until("remote-write caught up", lambda: len(vm.raw_samples(
+                '{__name__="up"}', t0, t1)) == len(TARGETS), 30, a, b)
+            for labels, points in vm.raw_samples('{__name__="up"}', t0 - 1, t1).items():
+                gaps = [b_[0] - a_[0] for a_, b_ in itertools.pairwise(points)]
+                assert gaps and min(gaps) >= 0.5 * INTERVAL * 1000, (labels, gaps)
 
             # An incident begins; member-a evaluates and notifies it.
             sims.set_broken("sim-0", True)
