@@ -31,11 +31,12 @@ $(TRITON_VENV)/.installed:
 	touch $@
 
 # PostgreSQL and Alertmanager are real servers the tests start themselves; Chromium renders
-# the dashboard in tests/dashboard.
+# the dashboard in tests/dashboard; VictoriaMetrics and Prometheus receive remote-write in
+# tests/scale.
 system-deps:
-	@if [ ! -x /usr/lib/postgresql/15/bin/initdb ] || ! command -v prometheus-alertmanager >/dev/null || ! command -v chromium >/dev/null; then \
+	@if [ ! -x /usr/lib/postgresql/15/bin/initdb ] || ! command -v prometheus-alertmanager >/dev/null || ! command -v chromium >/dev/null || ! command -v victoria-metrics >/dev/null; then \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-			postgresql prometheus-alertmanager prometheus chromium >/dev/null; \
+			postgresql prometheus-alertmanager prometheus chromium victoria-metrics >/dev/null; \
 	fi
 	@command -v chromium >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
 

@@ -43,6 +43,7 @@ from tritonwatch.collector.nvml import NvmlCollector
 from tritonwatch.collector.parse import ParseError
 from tritonwatch.collector.probes.runner import ProbeRunner, resolve_url
 from tritonwatch.collector.probes.sink import ProbeMetrics, run_samples
+from tritonwatch.collector.remote_write.writer import RemoteWrite
 from tritonwatch.collector.scrape import ScrapeError, fetch_metrics, make_client
 from tritonwatch.collector.shape import Shape, Values, parse_columns
 from tritonwatch.collector.triton import TritonApi, TritonApiError
@@ -278,9 +279,14 @@ class Collector:
         clock: Clock = time.time,
         metrics: SelfMetrics | None = None,
         client: httpx.AsyncClient | None = None,
+        remote: RemoteWrite | None = None,
     ) -> None:
         self.config = config
         self.store = store
+        #: Remote-write receivers: every sample written to the store also goes to each.
+        self.remote = remote or RemoteWrite([])
+        #: Which targets this process collects now (``cluster``: its leased share); None: all.
+        self.owns: Callable[[str], bool] | None = None
         self.clock = clock
         self.metrics = metrics or SelfMetrics()
         self.targets = {t.name: TargetState(t, config) for t in config.targets}
@@ -427,11 +433,18 @@ class Collector:
         names, labels = state.stored_series(
             shape, [s.name for s in extra], [s.labels for s in extra]
         )
-        self.store.write_columns(
-            target.name, now, names, labels,
-            np.concatenate([values, np.fromiter((s.value for s in extra), np.float64, len(extra))]),
-        )
+        stored = np.concatenate(
+            [values, np.fromiter((s.value for s in extra), np.float64, len(extra))])
+        self.store.write_columns(target.name, now, names, labels, stored)
+        if self.remote:
+            self.remote.append_columns(target.name, now, names, labels, stored)
         return health
+
+    def _write(self, target: str, now: float, samples: list[Sample]) -> None:
+        """Samples one by one to the store and every remote-write receiver (worker thread)."""
+        self.store.write(target, now, samples)
+        if self.remote:
+            self.remote.append(target, now, samples)
 
     async def _scrape_failed(
         self, state: TargetState, now: float, start: float, reason: str, scraped: int = 0
@@ -450,7 +463,7 @@ class Collector:
         samples = self._up_samples(health)
         if state.config.labels:
             samples = _with_target_labels(samples, state.config.labels)
-        await asyncio.to_thread(self.store.write, name, now, samples)
+        await asyncio.to_thread(self._write, name, now, samples)
         return health
 
     @staticmethod
@@ -488,7 +501,7 @@ class Collector:
             if state.config.labels:
                 down = _with_target_labels(down, state.config.labels)
             self.latest.put(name, "api", now, down)
-            await asyncio.to_thread(self.store.write, name, now, down)
+            await asyncio.to_thread(self._write, name, now, down)
             return health
         except Exception as exc:
             self.latest.drop(name, "api")
@@ -501,7 +514,7 @@ class Collector:
         self.latest.put(name, "api", now, samples)
         health = TargetHealth(name, "api", now, True, reading.duration_s, raw_count)
         health = await self._record(health)
-        await asyncio.to_thread(self.store.write, name, now, samples)
+        await asyncio.to_thread(self._write, name, now, samples)
         await self._write_configs(state, reading.raw_configs, now)
         return health
 
@@ -556,7 +569,7 @@ class Collector:
         readings = {name: st.gpu_reading() for name, st in self.targets.items()}
         samples = samples + deriver.derive_columns(samples, readings)
         self.latest.put(health.target, "nvml", health.ts, samples)
-        self.store.write(health.target, health.ts, samples)
+        self._write(health.target, health.ts, samples)
         return health
 
     async def run_probe(self, name: str) -> list[ProbeResult]:
@@ -583,7 +596,7 @@ class Collector:
         await asyncio.to_thread(self.store.write_probe_results, results)
         series = run_samples(runner.config, results)
         self.latest.put(runner.target, source, now, series)
-        await asyncio.to_thread(self.store.write, runner.target, now, series)
+        await asyncio.to_thread(self._write, runner.target, now, series)
         error = None
         if failed:
             last = failed[-1]
@@ -614,21 +627,42 @@ class Collector:
             rollup_5m_s=retention.rollup_5m, rollup_1h_s=retention.rollup_1h,
         )
 
+    def collects(self, target: str) -> bool:
+        """Whether this process reads ``target`` now (always, outside a cluster)."""
+        return self.owns is None or self.owns(target)
+
+    async def _scrape_if_owned(self, name: str) -> None:
+        if self.collects(name):
+            await self.scrape(name)
+
+    async def _api_if_owned(self, name: str) -> None:
+        if self.collects(name):
+            await self.read_api(name)
+
+    async def _probe_if_owned(self, name: str) -> None:
+        if self.collects(self.probes[name].target):
+            await self.run_probe(name)
+
     def install(self, scheduler: AsyncIOScheduler) -> None:
-        """Add every job to ``scheduler`` (which the caller starts and stops)."""
+        """Add every job to ``scheduler`` (which the caller starts and stops).
+
+        Scrape, API and probe jobs exist for every configured target; in a cluster each run
+        first asks :meth:`collects`, so a target moving between members needs no job change.
+        """
         scheduler.add_listener(self._on_job_event, EVENT_JOB_ERROR | EVENT_JOB_MISSED)
         now = datetime.now(UTC)
         for name, state in self.targets.items():
             interval = self.config.interval_for(state.config)
-            self._add(scheduler, self.scrape, f"scrape:{name}", interval, now, args=[name])
+            self._add(scheduler, self._scrape_if_owned, f"scrape:{name}", interval, now,
+                      args=[name])
             if state.api is not None:
-                self._add(scheduler, self.read_api, f"api:{name}", self.config.scrape.api_interval,
-                          now, args=[name])
+                self._add(scheduler, self._api_if_owned, f"api:{name}",
+                          self.config.scrape.api_interval, now, args=[name])
         if self.nvml is not None:
             self._add(scheduler, self.read_nvml, "nvml", self.config.nvml.interval, now)
         for name, runner in self.probes.items():
-            self._add(scheduler, self.run_probe, f"probe:{name}", runner.config.interval, now,
-                      args=[name])
+            self._add(scheduler, self._probe_if_owned, f"probe:{name}", runner.config.interval,
+                      now, args=[name])
         self._add(scheduler, self.flush, "store:flush", self.config.store.flush_interval, now)
         self._add(scheduler, self.maintain, "store:maintain", 300.0, now)
 

@@ -426,6 +426,11 @@ class Config(_Frozen):
     """Alert evaluation and delivery (see schemas/alerting.py)."""
     reports: _reports.ReportsConfig = Field(default_factory=lambda: _reports.ReportsConfig())
     """The weekly SLO report (see schemas/reports.py)."""
+    cluster: _cluster.ClusterConfig = Field(default_factory=lambda: _cluster.ClusterConfig())
+    """Several serve processes on one PostgreSQL (see schemas/cluster.py)."""
+    remote_write: tuple[_remote_write.RemoteWriteConfig, ...] = ()
+    """Prometheus remote-write receivers every stored sample also goes to (see
+    schemas/remote_write.py); names unique."""
 
     @field_validator("version")
     @classmethod
@@ -441,6 +446,22 @@ class Config(_Frozen):
             if target.name in seen:
                 raise ValueError(f"target name {target.name!r} is used twice")
             seen.add(target.name)
+        return self
+
+    @model_validator(mode="after")
+    def _cluster_needs_postgres(self) -> Config:
+        if self.cluster.enabled and self.store.url.startswith("sqlite"):
+            raise ValueError("cluster.enabled: members share one PostgreSQL; store.url is a "
+                             "SQLite file (one process only)")
+        return self
+
+    @model_validator(mode="after")
+    def _unique_remote_writes(self) -> Config:
+        seen: set[str] = set()
+        for i, remote in enumerate(self.remote_write):
+            if remote.name in seen:
+                raise ValueError(f"remote_write[{i}]: name {remote.name!r} is used twice")
+            seen.add(remote.name)
         return self
 
     @model_validator(mode="after")
@@ -650,7 +671,10 @@ def _yaml_error(exc: yaml.YAMLError) -> str:
 # schemas.alerting builds on this module's types, so it is imported last, as a module: that
 # works in either import order (``Config`` resolves ``_alerting.AlertingConfig`` on first use).
 from tritonwatch.schemas import alerting as _alerting  # noqa: E402
+from tritonwatch.schemas import cluster as _cluster  # noqa: E402
+from tritonwatch.schemas import remote_write as _remote_write  # noqa: E402
 from tritonwatch.schemas import reports as _reports  # noqa: E402
 
-if hasattr(_alerting, "AlertingConfig") and hasattr(_reports, "ReportsConfig"):
+if (hasattr(_alerting, "AlertingConfig") and hasattr(_reports, "ReportsConfig")
+        and hasattr(_remote_write, "RemoteWriteConfig") and hasattr(_cluster, "ClusterConfig")):
     Config.model_rebuild()

@@ -16,7 +16,8 @@ PostgreSQL: a session-level advisory lock (``pg_try_advisory_lock``) on a connec
 own, held until ``serve`` exits or that connection drops; advisory locks are per database, so
 this is one writer per database.  The holder is found through ``pg_locks`` and
 ``pg_stat_activity``, whose ``application_name`` is ``tritonwatch serve pid=N host=H``.
-``store.writer_lock: false`` turns it off, for deliberate sharding.
+``store.writer_lock: false`` turns it off; ``cluster.enabled`` replaces it by membership
+(store/leases.py, tritonwatch/cluster.py), where several serve share the work safely.
 """
 
 from __future__ import annotations

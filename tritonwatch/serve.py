@@ -1,7 +1,8 @@
 """``tritonwatch serve``: the collector jobs, the store and the API in one asyncio process.
 
 Start-up takes the store's single-writer lock first (``store.writer_lock``: a second ``serve``
-on the same database stops with one line naming the first), then writes any spill file the
+on the same database stops with one line naming the first; with ``cluster.enabled`` cluster
+membership replaces it: tritonwatch/cluster.py), then writes any spill file the
 last shutdown left (see below) before the first scrape.
 
 Shutdown is bounded and loses no data.  On SIGTERM/SIGINT, with :data:`SHUTDOWN_TIMEOUT_S`
@@ -51,7 +52,9 @@ from tritonwatch.alerts.jobs import AlertJob
 from tritonwatch.alerts.report.job import install_report_job
 from tritonwatch.api.app import create_app
 from tritonwatch.api.exporter import Live
+from tritonwatch.cluster import Membership
 from tritonwatch.collector.jobs import Collector, SelfMetrics
+from tritonwatch.collector.remote_write.writer import RemoteWrite
 from tritonwatch.schemas.config import Config
 from tritonwatch.store import Pending, Store, open_store, spill, writer_lock
 from tritonwatch.store.writer_lock import WriterLock
@@ -133,8 +136,9 @@ async def serve(
     live view) and is cancelled at shutdown.
 
     Raises WriterLockHeld (before touching the store) when another serve writes to it.
+    With ``cluster.enabled`` membership (tritonwatch/cluster.py) replaces that lock.
     """
-    lock = take_writer_lock(config)
+    lock = None if config.cluster.enabled else take_writer_lock(config)
     try:
         await _serve(config, listen=listen, sidecar=sidecar, stop=stop)
     finally:
@@ -151,7 +155,10 @@ async def _serve(
 ) -> None:
     store = prepare_store(config)
     metrics = SelfMetrics()
-    collector = Collector(config, store, metrics=metrics)
+    remote = RemoteWrite.from_config(config.remote_write, config.store.url,
+                                     registry=metrics.registry)
+    remote.start()
+    collector = Collector(config, store, metrics=metrics, remote=remote)
     scheduler = AsyncIOScheduler(timezone="UTC")
     collector.install(scheduler)
     # After the collector: its job listener also logs and counts a failing alerts:evaluate.
@@ -159,6 +166,12 @@ async def _serve(
     alert_job.install(scheduler)
     install_report_job(scheduler, config, store)  # weekly SLO report (alerts/report/job.py)
     memory.install_trim(scheduler)
+    membership: Membership | None = None
+    if config.cluster.enabled:
+        membership = Membership(config.cluster, config.store.url, collector.targets,
+                                on_gain=alert_job.engine.restore)
+        collector.owns = membership.owns
+        _evaluator_only(scheduler, membership)
     host, port = split_listen(listen or config.api.listen)
     # /api/v1/targets lists what this process collects from, not every name the store kept.
     collected = {*collector.targets, *(p.target for p in collector.probes.values())}
@@ -194,6 +207,10 @@ async def _serve(
             drain = _RunningJobs(scheduler)
             scheduler.start()
             tasks = [asyncio.create_task(_stop_server())]
+            if membership is not None:
+                # Not in `tasks` (cancelled at shutdown): it ends by itself once `stop` is
+                # set, giving its leases and the evaluator lock back.
+                member_task = asyncio.create_task(membership.run(stop))
             side: asyncio.Task[None] | None = (
                 asyncio.create_task(sidecar(collector)) if sidecar else None
             )
@@ -227,7 +244,12 @@ async def _serve(
                 # Let in-flight scrapes (already awaiting I/O) land in the buffer first.
                 await asyncio.sleep(0)
                 await collector.close()
+                if membership is not None:
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(member_task, STORE_TIMEOUT_S)
                 await asyncio.to_thread(alert_job.close)
+                # Unsent remote-write samples stay in its on-disk buffer for the next start.
+                await asyncio.to_thread(remote.close)
         finally:
             # Flushes (retrying) until the deadline, then spills what is left; never raises.
             await asyncio.to_thread(
@@ -238,6 +260,24 @@ async def _serve(
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.remove_signal_handler(sig)
+
+
+#: The jobs exactly one cluster member runs: the one holding the evaluator lock.
+EVALUATOR_JOBS = ("alerts:evaluate", "store:maintain", "reports:weekly", "reports:catch-up")
+
+
+def _evaluator_only(scheduler: AsyncIOScheduler, membership: Membership) -> None:
+    """Make :data:`EVALUATOR_JOBS` no-ops on every member but the evaluator."""
+    for job_id in EVALUATOR_JOBS:
+        job = scheduler.get_job(job_id)
+        if job is None:
+            continue
+
+        async def gated(func: Callable[[], Coroutine[Any, Any, Any]] = job.func) -> None:
+            if membership.leader:
+                await func()
+
+        scheduler.modify_job(job_id, func=gated)
 
 
 class _RunningJobs:

@@ -1,0 +1,202 @@
+"""Remote-write (issue 18 item 1) end to end: a real ``tritonwatch serve`` scraping simulated
+Triton targets, writing to its SQLite store and remote-writing to a real VictoriaMetrics and a
+real Prometheus 2.42 (``--web.enable-remote-write-receiver``); what PromQL reads back from
+each receiver equals, sample for sample, what the store holds for the same run.  Then the
+receiver is stopped for a minute while serve keeps scraping, and started again: every sample
+arrives (the 15-minute bound is the buffer's arithmetic, in test_remote_write_unit.py).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from tests.fixtures_http import free_port
+from tests.scale.receivers import PrometheusReceiver, Receiver, VictoriaMetrics, running
+from tests.scale.targets import SimulatedTargets, simulated_targets
+from tritonwatch.collector.remote_write.encode import series_labels
+from tritonwatch.store import open_store
+
+CLI = [sys.executable, "-m", "tritonwatch.cli"]
+TARGETS = ("sim-a", "sim-b", "sim-c")
+
+Point = tuple[tuple[tuple[str, str], ...], int, str]
+#: VictoriaMetrics keeps a float to 12 significant decimal digits (its documented precision);
+#: Prometheus keeps every bit.
+VM_RELATIVE_PRECISION = 1e-11
+
+
+def _config(tmp: Path, sims: SimulatedTargets, receivers: dict[str, Receiver], port: int
+            ) -> Path:
+    config = {
+        "targets": [{"name": n, "metrics_url": sims.url(n)} for n in TARGETS],
+        "scrape": {"interval": "1s", "timeout": "1s"},
+        "store": {"url": f"sqlite:///{tmp / 'data' / 'tw.db'}", "flush_interval": "1s"},
+        "api": {"listen": f"127.0.0.1:{port}"},
+        "reports": {"enabled": False},
+        "remote_write": [
+            {"name": name, "url": rx.write_url,
+             "queue": {"shards": 2, "batch_send_deadline": "1s", "max_backoff": "2s"},
+             "buffer": {"max_size": "64MiB", "segment_size": "1MiB"}}
+            for name, rx in receivers.items()
+        ],
+    }
+    path = tmp / "tw.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def _start(config: Path, tmp: Path) -> subprocess.Popen[bytes]:
+    with open(tmp / "serve.log", "ab") as out:
+        return subprocess.Popen([*CLI, "serve", "--config", str(config)], cwd=tmp,
+                                stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ))
+
+
+def _metrics(port: int) -> dict[str, float]:
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("tritonwatch_remote_write_"):
+            key, _, value = line.rpartition(" ")
+            out[key] = float(value)
+    return out
+
+
+def _wait(check: Any, timeout: float, what: str, log: Path) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if check():
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}; serve log:\n"
+                                 + log.read_text(errors="replace")[-3000:])
+        time.sleep(0.5)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        assert proc.wait(60) == 0
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+        raise
+
+
+def _value(v: float) -> str:
+    return "NaN" if math.isnan(v) else repr(float(v))
+
+
+def _stored(tmp: Path) -> set[Point]:
+    store = open_store(f"sqlite:///{tmp / 'data' / 'tw.db'}")
+    try:
+        cols = store.select_columns(start=0, end=time.time() + 60)
+    finally:
+        store.close(flush=False)
+    out: set[Point] = set()
+    for i, key in enumerate(cols.keys):
+        labels = tuple(series_labels(key.name, key.labels, key.target, {}))
+        for j in range(int(cols.bounds[i]), int(cols.bounds[i + 1])):
+            out.add((labels, round(float(cols.ts[j]) * 1000), _value(float(cols.values[j]))))
+    return out
+
+
+def _received(rx: Receiver, start: float, end: float) -> set[Point]:
+    out: set[Point] = set()
+    for labels, points in rx.raw_samples('{__name__=~".+"}', start, end).items():
+        for ms, value in points:
+            out.add((labels, ms, _value(value)))
+    return out
+
+
+def _assert_equal_within_precision(got: set[Point], stored: set[Point]) -> None:
+    want = {(labels, ms): v for labels, ms, v in stored}
+    have = {(labels, ms): v for labels, ms, v in got}
+    assert len(want) == len(stored) and len(have) == len(got)  # one value per point
+    assert have.keys() == want.keys(), (len(have), len(want),
+                                        sorted(want.keys() - have.keys())[:5])
+    for key, value in want.items():
+        if value != have[key]:
+            a, b = float(value), float(have[key])
+            assert math.isclose(a, b, rel_tol=VM_RELATIVE_PRECISION), (key, value, have[key])
+
+
+def _run_serve(tmp: Path, receivers: dict[str, Receiver], *, seconds: float,
+               during: Any = None) -> tuple[float, float, int]:
+    port = free_port()
+    with simulated_targets() as sims:
+        config = _config(tmp, sims, receivers, port)
+        start = time.time() - 5
+        proc = _start(config, tmp)
+        log = tmp / "serve.log"
+        try:
+            _wait(lambda: httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5)
+                  .status_code == 200, 60, "serve's API", log)
+            time.sleep(seconds)
+            if during is not None:
+                during(port, log)
+            # everything scraped so far has left (queue empty) before serve is stopped
+            _wait(lambda: all(_metrics(port).get(
+                f'tritonwatch_remote_write_pending_samples{{remote="{n}"}}') == 0
+                for n in receivers), 120, "an empty remote-write queue", log)
+            _stop(proc)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+        return start, time.time() + 5, port
+
+
+def test_promql_reads_back_exactly_the_scraped_samples_from_victoriametrics_and_prometheus(
+    tmp_path,
+):
+    with running(VictoriaMetrics(tmp_path / "vm")) as vm, \
+            running(PrometheusReceiver(tmp_path / "prom")) as prom:
+        start, end, _ = _run_serve(tmp_path, {"vm": vm, "prom": prom}, seconds=8)
+        stored = _stored(tmp_path)
+        # three targets, a few scrapes each, raw and derived series
+        names = {dict(labels)["__name__"] for labels, _, _ in stored}
+        assert {"nv_inference_count", "up"} <= names
+        assert any(n.startswith("sli:") for n in names)
+        assert set(TARGETS) <= {dict(labels)["target"] for labels, _, _ in stored}
+        assert len(stored) > 3 * 5 * 30
+        assert _received(prom, start, end) == stored
+        _assert_equal_within_precision(_received(vm, start, end), stored)
+
+
+def test_a_receiver_stopped_for_a_minute_loses_nothing(tmp_path):
+    with running(VictoriaMetrics(tmp_path / "vm")) as vm:
+        seen: dict[str, float] = {}
+
+        def outage(port: int, _log: Path) -> None:
+            vm.stop()
+            down_at = time.time()
+            time.sleep(60)
+            before = _metrics(port)
+            seen["retried"] = before['tritonwatch_remote_write_samples_retried_total'
+                                     '{remote="vm"}']
+            seen["pending"] = before['tritonwatch_remote_write_pending_samples{remote="vm"}']
+            seen["lag"] = before['tritonwatch_remote_write_lag_seconds{remote="vm"}']
+            seen["down_at"], seen["up_at"] = down_at, time.time()
+            vm.start()
+
+        start, end, _ = _run_serve(tmp_path, {"vm": vm}, seconds=4, during=outage)
+        stored = _stored(tmp_path)
+        got = _received(vm, start, end)
+    # it was really down: requests were retried, samples queued and aged meanwhile
+    assert seen["retried"] > 0 and seen["pending"] > 100 and seen["lag"] > 30
+    during = {p for p in stored if seen["down_at"] * 1000 < p[1] < seen["up_at"] * 1000}
+    assert len(during) > 3 * 40 * 30  # scraped all through the outage
+    _assert_equal_within_precision(got, stored)
