@@ -30,15 +30,13 @@ $(TRITON_VENV)/.installed:
 	$(TRITON_VENV)/bin/pip install -q nvidia-pytriton==0.7.0
 	touch $@
 
-# PostgreSQL and Alertmanager are real servers the tests start themselves; Chromium renders
-# the dashboard in tests/dashboard; VictoriaMetrics and Prometheus receive remote-write in
-# tests/scale.
+# PostgreSQL, Alertmanager, Prometheus and VictoriaMetrics are real servers the tests start
+# themselves; Chromium renders the dashboard and the weekly report in tests.
 system-deps:
 	@if [ ! -x /usr/lib/postgresql/15/bin/initdb ] || ! command -v prometheus-alertmanager >/dev/null || ! command -v chromium >/dev/null || ! command -v victoria-metrics >/dev/null; then \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 			postgresql prometheus-alertmanager prometheus chromium victoria-metrics >/dev/null; \
 	fi
-	@command -v chromium >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
 
 clean:
 	rm -rf $(VENV) $(TRITON_VENV) tritonwatch-data tritonwatch-demo .pytest_cache .mypy_cache .ruff_cache
