@@ -32,7 +32,9 @@ from sqlalchemy import (
 #: 2: ``samples`` (one row per sample) replaced by ``sample_chunks``; ``Store.create_schema``
 #: converts a version 1 database.
 #: 3: flushes append to ``sample_log``, which readers merge (an older tritonwatch would not).
-SCHEMA_VERSION = 3
+#: 4: compaction compresses ``sample_chunks.data`` (``store.chunks``), which an older
+#: tritonwatch could not read; ``store.migrate.recompress_chunks`` upgrades version 3.
+SCHEMA_VERSION = 4
 
 # Named constraints keep future migrations (ALTER ... DROP CONSTRAINT name) portable.
 metadata = MetaData(
@@ -109,16 +111,18 @@ sample_log = Table(
     PrimaryKeyConstraint("target", "name", "seq"),
 )
 # PostgreSQL would try to compress every row's blob (pglz) before moving it out of line;
-# float64 samples do not compress, so that CPU is wasted on the hot path.
-event.listen(
-    sample_log,
-    "after_create",
-    DDL(  # type: ignore[no-untyped-call]  # SQLAlchemy's DDL has no annotations
-        "ALTER TABLE sample_log ALTER COLUMN data SET STORAGE EXTERNAL"
-    ).execute_if(
-        dialect="postgresql"
-    ),
-)
+# float64 samples do not compress, and compressed chunks are compressed already, so that CPU
+# is wasted (on the hot path, for the log).
+for _table in ("sample_log", "sample_chunks"):
+    event.listen(
+        sample_log if _table == "sample_log" else sample_chunks,
+        "after_create",
+        DDL(  # type: ignore[no-untyped-call]  # SQLAlchemy's DDL has no annotations
+            f"ALTER TABLE {_table} ALTER COLUMN data SET STORAGE EXTERNAL"
+        ).execute_if(
+            dialect="postgresql"
+        ),
+    )
 
 # Write sequence of sample chunks on PostgreSQL (flushes of several processes take numbers
 # without waiting for each other).  SQLite has no sequences: there a counter in ``meta``

@@ -34,10 +34,21 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from sqlalchemy import Connection, Engine, Table, case, delete, exists, func, select, tuple_
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Table,
+    case,
+    delete,
+    exists,
+    func,
+    or_,
+    select,
+    tuple_,
+)
 
 from tritonwatch.schemas import tables as t
-from tritonwatch.store.chunks import MAX_SAMPLES, WINDOW_MS, encode, window_start
+from tritonwatch.store.chunks import MAX_SAMPLES, WINDOW_MS, compress, encode, window_start
 from tritonwatch.store.engine import transaction
 from tritonwatch.store.query import ROLLUP_1H_MS, ROLLUP_5M_MS, aggregate, merge_rows, raw_samples
 from tritonwatch.store.write import PG_LOCK_ROLLUP, dialect_insert, insert_chunks
@@ -346,10 +357,10 @@ def compact(
 
     The sample log is moved into chunks every maintenance run (``store.samplelog``), one chunk
     per series each time, so an hour holds a dozen or more per series; compaction leaves one
-    (or, past ``MAX_SAMPLES``, a few), resolving overlaps by the last-write rule.  Windows go
-    in order (:data:`COMPACT_WATERMARK`), each in one transaction per :data:`_COMPACT_IDS`
-    series; a series is rewritten only if more than one of its chunks in the window is not
-    full.
+    (or, past ``MAX_SAMPLES``, a few), resolving overlaps by the last-write rule, and
+    compressed (``store.chunks.compress``).  Windows go in order (:data:`COMPACT_WATERMARK`),
+    each in one transaction per :data:`_COMPACT_IDS` series; a series is rewritten only if
+    more than one of its chunks in the window is not full, or one of them is raw.
 
     Why nothing is lost.  Every transaction holds the rollup lock exclusively, and a flush
     holds it in shared mode from before it takes its ``seq`` until it commits (SQLite
@@ -405,7 +416,13 @@ def _compact_window(conn: Connection, ids: list[int], window: int) -> int:
     c = t.sample_chunks.c
     where = [c.series_id.in_(ids), c.start_ms >= window, c.start_ms < window + WINDOW_MS]
     not_full = func.sum(case((c.n < MAX_SAMPLES, 1), else_=0))
-    query = select(c.series_id).where(*where).group_by(c.series_id).having(not_full > 1)
+    # Raw chunks (the log's moves, or a schema 3 database's) are compressed even when alone;
+    # the data's length tells them (``store.chunks``) without reading it.
+    raw = func.sum(case((func.length(c.data) == 16 * c.n, 1), else_=0))
+    query = (
+        select(c.series_id).where(*where).group_by(c.series_id)
+        .having(or_(not_full > 1, raw > 0))
+    )
     todo = list(conn.execute(query).scalars())
     if not todo:
         return 0
@@ -416,7 +433,7 @@ def _compact_window(conn: Connection, ids: list[int], window: int) -> int:
         top_seq[sid] = max(seq, top_seq.get(sid, seq))
     m = merge_rows(rows, lo_ms=_I64_MIN, hi_ms=_I64_MAX)
     conn.execute(delete(t.sample_chunks).where(*where))
-    merged = encode(m.ids, m.ts, m.values, max_samples=MAX_SAMPLES)
+    merged = compress(encode(m.ids, m.ts, m.values, max_samples=MAX_SAMPLES))
     insert_chunks(conn, merged, np.array([top_seq[s] for s in merged.ids.tolist()], np.int64))
     return len(rows) - len(merged)
 
@@ -500,7 +517,7 @@ def _delete_chunks_before(
                     # Chunk by chunk: merging them would change what each one stores.
                     m = merge_rows([(sid, start, seq, n, data)], lo_ms=cutoff_ms, hi_ms=_I64_MAX)
                     deleted += n - len(m)
-                    insert_chunks(conn, encode(m.ids, m.ts, m.values), seq)
+                    insert_chunks(conn, compress(encode(m.ids, m.ts, m.values)), seq)
             if len(rows) < _CUT_BATCH:
                 break
     return deleted

@@ -6,6 +6,14 @@ batch per transaction: each transaction inserts the chunks of the oldest remaini
 deletes those rows, so an interrupted migration resumes where it stopped and readers of the
 new schema never see a sample twice.  Migrated chunks take write sequence 0: older than
 anything written afterwards.  ``samples`` is dropped once empty.
+
+Version 3 -> 4: chunks are compressed (``store.chunks``).  Raw chunks stay readable (their
+length tells them apart), so nothing has to be rewritten before the store opens: the upgrade
+only marks every window from the oldest chunk's for compaction again
+(:func:`recompress_chunks`), and maintenance's compaction, which rewrites every series with a
+raw chunk in a window, re-encodes them window by window in its bounded, resumable
+transactions.  The version bump keeps an older tritonwatch, which cannot read compressed
+chunks, off the upgraded database.
 """
 
 from __future__ import annotations
@@ -13,11 +21,12 @@ from __future__ import annotations
 import logging
 
 import numpy as np
-from sqlalchemy import Engine, inspect, text
+from sqlalchemy import Connection, Engine, func, inspect, select, text
 
-from tritonwatch.store.chunks import MAX_SAMPLES, encode
+from tritonwatch.schemas import tables as t
+from tritonwatch.store.chunks import MAX_SAMPLES, encode, window_start
 from tritonwatch.store.engine import transaction
-from tritonwatch.store.maintenance import advisory_lock
+from tritonwatch.store.maintenance import COMPACT_REWIND, advisory_lock, get_meta, set_meta
 from tritonwatch.store.write import insert_chunks
 
 log = logging.getLogger(__name__)
@@ -73,3 +82,22 @@ def samples_to_chunks(engine: Engine, *, lock_key: int, batch_rows: int | None =
                 {"s": last_id, "t": last_ts},
             )
             moved += len(rows)
+
+
+def recompress_chunks(conn: Connection) -> int | None:
+    """Mark every window from the oldest chunk's for compaction again, so that maintenance
+    compresses the raw chunks of a version 3 (or older) database; returns that window, or None
+    when there are no chunks.  Idempotent: a rewind already further back stays."""
+    if conn.dialect.name == "postgresql":
+        # As a new database has it (``schemas.tables``): no pglz over compressed bytes.
+        conn.exec_driver_sql("ALTER TABLE sample_chunks ALTER COLUMN data SET STORAGE EXTERNAL")
+    oldest = conn.execute(select(func.min(t.sample_chunks.c.start_ms))).scalar()
+    if oldest is None:
+        return None
+    window = window_start(int(oldest))
+    marked = get_meta(conn, COMPACT_REWIND)
+    if marked is None or window < int(marked):
+        set_meta(conn, COMPACT_REWIND, str(window))
+    log.info("store: schema upgrade: raw sample chunks from %d ms on will be compressed by "
+             "maintenance", window)
+    return window

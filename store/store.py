@@ -249,6 +249,10 @@ class Store:
             if stored is not None and int(stored) < t.SCHEMA_VERSION:
                 with transaction(self._engine, write=True) as conn:
                     maintenance.advisory_lock(conn, _PG_LOCK_SCHEMA)
+                    if int(stored) < 4:
+                        # Under the lock, with the bump: a second process upgrading at once
+                        # finds version 4 and marks nothing twice (harmless anyway).
+                        migrate.recompress_chunks(conn)
                     maintenance.set_meta(conn, "schema_version", str(t.SCHEMA_VERSION))
 
     def close(self, *, flush: bool = True) -> None:

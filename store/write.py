@@ -354,7 +354,7 @@ def insert_chunks(conn: Connection, chunks: Encoded, seq: int | npt.NDArray[np.i
 
     Plain inserts: the caller guarantees the keys are new.  SQLite: one ``executemany``.
     PostgreSQL: one binary COPY (:func:`copy_stream`: 62 bytes of row header per chunk, then
-    the chunk's data as it is).
+    the chunk's data as it is).  ``chunks`` may be raw or compressed (``store.chunks``).
     """
     if not len(chunks):
         return
@@ -411,30 +411,42 @@ def copy_stream(chunks: Encoded, seq: int | npt.NDArray[np.int64]) -> bytes:
 def copy_rows(chunks: Encoded, seq: int | npt.NDArray[np.int64], lo: int, hi: int) -> bytes:
     """The binary COPY rows of chunks ``lo`` to ``hi``.
 
-    Rows may go in any order, so the chunks are taken a group of equal sample counts at a
-    time (one or two groups in a steady flush): each group is one numpy record array, header
-    fields and data together, with no Python work per row.  ``copy_stream_rows`` builds the
-    same stream row by row; a differential test holds them equal.
+    Rows may go in any order, so the chunks are taken a group of equal sample counts and data
+    sizes at a time (one or two groups in a steady flush of raw chunks): each group is one
+    numpy record array, header fields and data together, with no Python work per row.
+    ``copy_stream_rows`` builds the same stream row by row; a differential test holds them
+    equal.
     """
     seqs = np.broadcast_to(np.asarray(seq, np.int64), chunks.ids.shape)
-    units = np.frombuffer(chunks.buf, "V16")  # one sample (timestamp and value words) per unit
+    data = np.frombuffer(chunks.buf, np.uint8)
     parts = []
-    counts = chunks.n[lo:hi]
-    for n in np.unique(counts).tolist():
-        rows = lo + np.flatnonzero(counts == n)
-        rec = np.empty(len(rows), [*_PG_ROW_FIELDS, ("data", f"V{16 * n}")])
+    counts, sizes = chunks.n[lo:hi], chunks.sizes[lo:hi]
+    # One group per distinct (n, size): compressed chunks of one size mostly share n too.
+    keys = counts * (1 << 32) + sizes
+    for key in np.unique(keys).tolist():
+        n, size = key >> 32, key & 0xFFFFFFFF
+        rows = lo + np.flatnonzero(keys == key)
+        rec = np.empty(len(rows), [*_PG_ROW_FIELDS, ("data", f"V{size}")])
         rec["fields"] = 6
         rec["len_id"] = rec["len_start"] = rec["len_seq"] = rec["len_end"] = 8
         rec["len_n"] = 4
-        rec["len_data"] = 16 * n
+        rec["len_data"] = size
         rec["series_id"] = chunks.ids[rows]
         rec["start_ms"] = chunks.start_ms[rows]
         rec["seq"] = seqs[rows]
         rec["end_ms"] = chunks.end_ms[rows]
         rec["n"] = n
-        # A chunk's data is 16 * n bytes starting at its offset: n consecutive units.
-        first = chunks.offsets[rows] // 16
-        rec["data"] = units[(first[:, None] + np.arange(n)).ravel()].view(f"V{16 * n}")
+        at = chunks.offsets[rows]
+        if len(rows) == 1:
+            rec["data"] = data[int(at[0]) : int(at[0]) + size].view(f"V{size}")
+        elif size % 16 == 0 and not (at % 16).any():
+            # Raw chunks: 16-byte units, a gather of 16 * len(rows) words' worth of units.
+            units = data[: len(data) // 16 * 16].view("V16")
+            first = at // 16
+            rec["data"] = units[(first[:, None] + np.arange(size // 16)).ravel()].view(
+                f"V{size}")
+        else:
+            rec["data"] = data[(at[:, None] + np.arange(size)).ravel()].view(f"V{size}")
         parts.append(rec.tobytes())
     return b"".join(parts)
 
@@ -445,11 +457,10 @@ def copy_stream_rows(chunks: Encoded, seq: int | npt.NDArray[np.int64]) -> bytes
     pack = _PG_ROW_HEADER.pack
     data = memoryview(chunks.buf)
     parts: list[bytes | memoryview] = [PG_COPY_HEADER]
-    for sid, start, sq, end, n, at in zip(
+    for sid, start, sq, end, n, at, size in zip(
         chunks.ids.tolist(), chunks.start_ms.tolist(), seqs, chunks.end_ms.tolist(),
-        chunks.n.tolist(), chunks.offsets.tolist(), strict=True,
+        chunks.n.tolist(), chunks.offsets.tolist(), chunks.sizes.tolist(), strict=True,
     ):
-        size = 16 * n
         parts.append(pack(6, 8, sid, 8, start, 8, sq, 8, end, 4, n, size))
         parts.append(data[at : at + size])
     parts.append(PG_COPY_TRAILER)
