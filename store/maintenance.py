@@ -207,6 +207,13 @@ def _rollup_stmt(conn: Connection, src: Table, dst: Table, *, lo: int, hi: int, 
     i = inner.c
     aggs = [func.min(i["min"]), func.max(i["max"]), func.sum(i["sum"]), func.sum(i["count"])]
     source = select(i.series_id, i.b, *aggs, func.max(i.newest)).group_by(i.series_id, i.b)
+    # +Inf and -Inf 5-minute sums in one hour sum to NaN (NULL on SQLite): no hourly row for
+    # that series and hour, rather than a refused insert that stops every later rollup.
+    total = func.sum(i["sum"])
+    if conn.dialect.name == "postgresql":
+        source = source.having(total != float("nan"))  # PostgreSQL: NaN equals only NaN
+    else:
+        source = source.having(total.isnot(None))
     stmt = dialect_insert(conn, dst).from_select(_ROLLUP_COLUMNS, source)
     return _upsert(stmt, dst)
 
@@ -244,6 +251,16 @@ def _rollup_raw(
             raise Stopped
         batch = ids[i : i + _ID_BATCH].tolist()
         a = aggregate(raw_samples(conn, batch, lo_ms=lo, hi_ms=hi - 1), res)
+        # +Inf and -Inf in one bucket sum to NaN, which SQLite stores as NULL and the NOT NULL
+        # column refuses: one such series would stop every later rollup at that bucket.  Its
+        # sum (and so its average) has no value; the bucket is left to the raw samples.
+        keep = ~np.isnan(a.sum)
+        if not keep.all():
+            log.debug("rollup: %d bucket(s) summing +Inf and -Inf left to the raw samples",
+                      int((~keep).sum()))
+            a = a._replace(ids=a.ids[keep], buckets=a.buckets[keep], min=a.min[keep],
+                           max=a.max[keep], sum=a.sum[keep], n=a.n[keep],
+                           last_ts=a.last_ts[keep], last=a.last[keep])
         if not len(a.ids):
             continue
         rows = [

@@ -8,6 +8,7 @@ of a version 1 database, retention cutting through a chunk, and compaction racin
 from __future__ import annotations
 
 import itertools
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -459,6 +460,28 @@ def test_retention_rewrites_a_chunk_that_straddles_the_cutoff(store: Store) -> N
     assert store.apply_retention(
         T + 100 + 86400, raw_s=86400, rollup_5m_s=1e8, rollup_1h_s=1e8
     ) == 0
+
+
+def test_plus_and_minus_infinity_in_one_bucket_never_stop_the_rollups(store: Store) -> None:
+    # A hostile or broken target: +Inf and -Inf in one 5-minute bucket (and, later, in two
+    # 5-minute buckets of one hour). Their sum has no value; the rollups of everything else
+    # must go on, this run and the next.
+    store.write("t", T, [Sample("inf", (), math.inf), Sample("ok", (), 1.0)])
+    store.write("t", T + 15, [Sample("inf", (), -math.inf), Sample("ok", (), 3.0)])
+    store.write("t", T + 600, [Sample("inf", (), math.inf), Sample("ok", (), 5.0)])
+    store.write("t", T + 900, [Sample("inf", (), -math.inf)])
+    store.flush()
+    store.rollup(T + 4 * 3600)
+    (ok,) = store.buckets("ok", start=T, end=T + 3599, step=3600, agg="sum")
+    assert ok.values == (9.0,)
+    (five,) = store.buckets("ok", start=T, end=T + 299, step=300, agg="avg")
+    assert five.values == (2.0,)
+    store.write("t", T + 4 * 3600, [Sample("ok", (), 7.0)])
+    store.flush()
+    store.rollup(T + 8 * 3600)  # the next run is not stuck at the bad bucket
+    (later,) = store.buckets("ok", start=T + 4 * 3600, end=T + 5 * 3600 - 1, step=3600,
+                             agg="sum")
+    assert later.values == (7.0,)
 
 
 def test_a_series_whose_chunks_all_expired_is_deleted(store: Store) -> None:
