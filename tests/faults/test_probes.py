@@ -168,3 +168,12 @@ def test_a_model_reloaded_with_other_inputs_is_read_again_after_the_error(
         runner.close()
         client.load_model(RELOADED, config=json.dumps(config))
         client.close()
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_an_unknown_model_is_a_server_error_naming_it(probe_rig: TritonRig, protocol: str) -> None:
+    # The metadata read fails first: classified like any request error, nothing cached.
+    results = _run(_config(probe_rig, protocol, "no_such_model"))
+    for r in results:
+        assert (r.ok, r.error_kind) == (False, "server_error")
+        assert "no_such_model" in (r.error_message or "")
