@@ -101,7 +101,7 @@ def test_serve_scrapes_the_rig_and_flushes_on_sigterm(triton_rig, rig_load, tmp_
         assert {"nv_inference_count", "sli:request_rate", "sli:batch_fill_rate"} <= names
         (rate,) = store.range("sli:request_rate", start=0, end=time.time(),
                               match={"model": "batcher"})
-        assert len(rate.values) >= 2 and min(rate.values) > 0
+        assert len(rate.values) >= 2 and min(rate.values) > 0, rate
 
 
 def test_serve_shuts_down_cleanly_when_the_final_flush_fails(tmp_path, monkeypatch, caplog):
