@@ -1,9 +1,11 @@
 """Triton over gRPC: decoupled streaming (one response per token) and plain infer.
 
 Streaming uses one ``tritonclient.grpc`` client and one bidirectional stream per session, kept
-open across requests.  The callback runs on the stream's reader thread; it stamps the arrival
-time first, then inspects the response.  Triton's empty final response
-(``enable_empty_final_response``) only ends the request — it is not a token.
+open across requests.  Its requests carry only the inputs the model declares (planned by
+collector.probes.inputs from the model's metadata and configuration).  The callback runs on
+the stream's reader thread; it stamps the arrival time first, then inspects the response.
+Triton's empty final response (``enable_empty_final_response``) only ends the request — it is
+not a token.
 """
 
 from __future__ import annotations
@@ -19,13 +21,14 @@ from tritonclient.utils import InferenceServerException
 
 from tritonwatch.collector.grpc_options import channel_args
 from tritonwatch.collector.probes.base import ProbeFailure, Recorder
+from tritonwatch.collector.probes.inputs import (
+    NP_TYPES,
+    PlanCache,
+    RequestPlan,
+    parse_model_inputs,
+    plan_request,
+)
 from tritonwatch.schemas.probes import InferInput, ProbeConfig
-
-_NP_TYPES = {
-    "BOOL": np.bool_, "INT8": np.int8, "INT16": np.int16, "INT32": np.int32, "INT64": np.int64,
-    "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32, "UINT64": np.uint64,
-    "FP16": np.float16, "FP32": np.float32, "FP64": np.float64, "BYTES": np.object_,
-}
 
 
 def _classify(exc: InferenceServerException, tokens: int) -> ProbeFailure:
@@ -48,7 +51,7 @@ def _classify(exc: InferenceServerException, tokens: int) -> ProbeFailure:
 def _infer_inputs(specs: tuple[InferInput, ...]) -> list[Any]:
     inputs = []
     for spec in specs:
-        dtype = _NP_TYPES.get(spec.datatype.upper(), np.float32)
+        dtype = NP_TYPES.get(spec.datatype.upper(), np.float32)
         value: Any = spec.value.encode() if isinstance(spec.value, str) else spec.value
         data: Any = np.full(spec.shape, value, dtype=dtype)
         inp = grpcclient.InferInput(spec.name, list(spec.shape), spec.datatype.upper())
@@ -70,9 +73,12 @@ class _Pending:
 class GrpcSession:
     """One gRPC client (one HTTP/2 connection) with one open stream."""
 
-    def __init__(self, config: ProbeConfig, url: str) -> None:
+    def __init__(self, config: ProbeConfig, url: str, plans: PlanCache | None = None) -> None:
         self.config = config
         self.url = url.removeprefix("grpc://")
+        self._plans = plans if plans is not None else PlanCache()
+        self._plan: RequestPlan | None = None
+        self._constants: list[Any] = []  # the plan's constant inputs, built once per plan
         self._client: Any = grpcclient.InferenceServerClient(self.url, channel_args=channel_args())
         self._pending: _Pending | None = None
         self._stream_error: InferenceServerException | None = None
@@ -104,31 +110,42 @@ class GrpcSession:
             pending.rec.end_ns = t_ns
             pending.done.set()
 
-    def _stream_inputs(self, prompt: str) -> list[Any]:
+    def _load_plan(self) -> RequestPlan:
         cfg = self.config
-        text = grpcclient.InferInput(cfg.input_name, [1], "BYTES")
-        text.set_data_from_numpy(np.array([prompt.encode()], dtype=np.object_))
-        inputs = [text]
-        if cfg.max_tokens_input:
-            mt = grpcclient.InferInput(cfg.max_tokens_input, [1], "INT32")
-            mt.set_data_from_numpy(np.array([cfg.max_tokens], dtype=np.int32))
-            inputs.append(mt)
-        if cfg.stream_input:
-            st = grpcclient.InferInput(cfg.stream_input, [1], "BOOL")
-            st.set_data_from_numpy(np.array([True], dtype=np.bool_))
-            inputs.append(st)
-        return inputs
+        try:
+            metadata = self._client.get_model_metadata(
+                cfg.model, cfg.model_version, headers=self._headers, as_json=True,
+                client_timeout=cfg.timeout,
+            )
+            config = self._client.get_model_config(
+                cfg.model, cfg.model_version, headers=self._headers, as_json=True,
+                client_timeout=cfg.timeout,
+            )
+        except InferenceServerException as exc:
+            raise _classify(exc, 0) from None
+        return plan_request(cfg, parse_model_inputs(cfg.model, metadata, config))
+
+    def _stream_inputs(self, prompt: str) -> tuple[list[Any], RequestPlan]:
+        plan = self._plans.get(self._load_plan)
+        if plan is not self._plan:
+            self._plan, self._constants = plan, []
+            for spec in plan.inputs:
+                if not spec.is_prompt:
+                    self._constants.append(_tensor(spec.name, spec.datatype, spec.array("")))
+        [text] = [s for s in plan.inputs if s.is_prompt]
+        return [_tensor(text.name, "BYTES", text.array(prompt)), *self._constants], plan
 
     def request(self, prompt: str, request_id: str, rec: Recorder, timeout: float) -> None:
         if self.config.mode == "infer":
             self._infer(request_id, rec, timeout)
             return
+        # Before the stream opens: a model the probe cannot feed costs no stream.
+        inputs, plan = self._stream_inputs(prompt)
         if not self._streaming:
             self._client.start_stream(
                 callback=self._on_response, headers=self._headers
             )
             self._streaming = True
-        inputs = self._stream_inputs(prompt)
         pending = _Pending(request_id, rec)
         self._pending = pending
         rec.start()
@@ -136,7 +153,7 @@ class GrpcSession:
             self._client.async_stream_infer(
                 self.config.model, inputs, model_version=self.config.model_version,
                 request_id=request_id, enable_empty_final_response=True,
-                parameters=self.config.parameters or None,
+                parameters=dict(plan.parameters) or None,
             )
         except InferenceServerException as exc:
             # The stream broke before this request: the callback got the reason.
@@ -178,6 +195,12 @@ class GrpcSession:
             request_queue.put(None)
         with contextlib.suppress(Exception):
             client.close()
+
+
+def _tensor(name: str, datatype: str, data: np.ndarray) -> Any:
+    tensor = grpcclient.InferInput(name, list(data.shape), datatype)
+    tensor.set_data_from_numpy(data)
+    return tensor
 
 
 def _non_empty(value: Any) -> bool:

@@ -4,6 +4,9 @@ One ``httpx.Client`` per session, with a single kept-alive connection (a new con
 request pushed p99 TTFT up by ~13 ms in GenAI-Perf comparisons).  The body is read as the
 socket delivers it; each read is stamped with ``time.monotonic_ns()`` before it is parsed, and
 every Server-Sent Event completed by that read carries that stamp.
+
+A Triton ``generate_stream`` body holds one JSON key per input the model declares
+(collector.probes.inputs), planned from the model's metadata and configuration.
 """
 
 from __future__ import annotations
@@ -16,7 +19,17 @@ from typing import Any
 import httpx
 
 from tritonwatch.collector.probes.base import ProbeFailure, Recorder
+from tritonwatch.collector.probes.inputs import (
+    PlanCache,
+    RequestPlan,
+    parse_model_inputs,
+    plan_request,
+)
+from tritonwatch.collector.scrape import redact_url
 from tritonwatch.schemas.probes import ErrorKind, ProbeConfig
+
+#: Largest model metadata or configuration answer read (bytes).
+MAX_METADATA_BYTES = 1 << 20
 
 
 class SSEParser:
@@ -69,9 +82,10 @@ def _error_text(body: bytes) -> str:
 class HttpSession:
     """Triton HTTP: ``/v2/models/M/generate_stream`` (stream) or ``/v2/models/M/infer``."""
 
-    def __init__(self, config: ProbeConfig, url: str) -> None:
+    def __init__(self, config: ProbeConfig, url: str, plans: PlanCache | None = None) -> None:
         self.config = config
         self.base = url.rstrip("/")
+        self._plans = plans if plans is not None else PlanCache()
         self._client = httpx.Client(
             headers=config.headers,
             timeout=httpx.Timeout(config.timeout),
@@ -95,13 +109,13 @@ class HttpSession:
                 ],
                 **({"parameters": cfg.parameters} if cfg.parameters else {}),
             }
-        body: dict[str, Any] = {"id": request_id, cfg.input_name: prompt}
-        if cfg.max_tokens_input:
-            body[cfg.max_tokens_input] = cfg.max_tokens
-        if cfg.stream_input:
-            body[cfg.stream_input] = True
-        body.update(cfg.parameters)
-        return body
+        return self._plans.get(self._load_plan).http_body(prompt, request_id)
+
+    def _load_plan(self) -> RequestPlan:
+        path = self._model_path()
+        metadata = _get_json(self._client, path, self.config.timeout)
+        config = _get_json(self._client, path + "/config", self.config.timeout)
+        return plan_request(self.config, parse_model_inputs(self.config.model, metadata, config))
 
     def request(self, prompt: str, request_id: str, rec: Recorder, timeout: float) -> None:
         cfg = self.config
@@ -137,6 +151,36 @@ def _numel(shape: tuple[int, ...]) -> int:
     for d in shape:
         n *= max(d, 1)
     return n
+
+
+def _get_json(client: httpx.Client, url: str, timeout: float) -> dict[str, Any]:
+    """GET a JSON object of at most MAX_METADATA_BYTES; ProbeFailure (classified) otherwise."""
+    try:
+        with client.stream("GET", url, timeout=timeout) as resp:
+            body = b""
+            for chunk in resp.iter_bytes():
+                body += chunk
+                if len(body) > MAX_METADATA_BYTES:
+                    raise ProbeFailure(
+                        "protocol", f"{redact_url(url)}: answer exceeds {MAX_METADATA_BYTES} bytes"
+                    )
+            if resp.status_code >= 400:
+                raise ProbeFailure("server_error", _error_text(body), str(resp.status_code))
+    except httpx.ConnectError as exc:
+        raise ProbeFailure("connect", str(exc) or type(exc).__name__) from None
+    except httpx.TimeoutException as exc:
+        raise ProbeFailure("timeout", f"{type(exc).__name__}: {exc}") from None
+    except httpx.HTTPError as exc:
+        raise ProbeFailure("connect", f"{type(exc).__name__}: {exc}") from None
+    try:
+        data = json.loads(body)
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        raise ProbeFailure(
+            "protocol", f"{redact_url(url)}: answer is not a JSON object: {body[:200]!r}"
+        )
+    return data
 
 
 def _stream_post(

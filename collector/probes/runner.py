@@ -3,7 +3,9 @@
 A :class:`ProbeRunner` keeps one session per concurrency slot between runs, so a scheduled
 probe measures a warm connection like a busy client would, not a TCP/HTTP/2 handshake.  A new
 session first sends ``warmup`` unmeasured requests.  A session that saw an error is closed
-and replaced (a timed-out gRPC stream still has the old request in flight).
+and replaced (a timed-out gRPC stream still has the old request in flight).  Triton stream
+probes read the model's declared inputs (collector.probes.inputs) once per probe, and again
+after any failed request.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Callable
 
 from tritonwatch.collector.probes.base import ProbeFailure, Recorder, Session
 from tritonwatch.collector.probes.http_sse import HttpSession, OpenAISession
+from tritonwatch.collector.probes.inputs import PlanCache
 from tritonwatch.collector.probes.tokenizer import load_token_counter
 from tritonwatch.schemas.config import Config
 from tritonwatch.schemas.probes import ProbeConfig, ProbeResult
@@ -24,14 +27,15 @@ log = logging.getLogger(__name__)
 OnResult = Callable[[ProbeResult], None]
 
 
-def make_session(config: ProbeConfig, url: str) -> Session:
+def make_session(config: ProbeConfig, url: str, plans: PlanCache | None = None) -> Session:
+    """A new session; ``plans`` shares the model's request plan between a probe's sessions."""
     if config.protocol == "grpc":
         # Imported on first use: tritonclient.grpc costs ~11 MB of RSS (see grpc_options).
         from tritonwatch.collector.probes.grpc_stream import GrpcSession
 
-        return GrpcSession(config, url)
+        return GrpcSession(config, url, plans)
     if config.protocol == "http":
-        return HttpSession(config, url)
+        return HttpSession(config, url, plans)
     return OpenAISession(config, url)
 
 
@@ -63,6 +67,9 @@ class ProbeRunner:
         self._lock = threading.Lock()
         self._run_lock = threading.Lock()
         self._count_tokens = load_token_counter(config.tokenizer, config.name)
+        # The model's inputs, read by the first session that needs them; read again after
+        # any failed request (the model may have been reloaded with other inputs).
+        self._plans = PlanCache()
 
     def _next(self) -> tuple[str, str]:
         with self._lock:
@@ -74,9 +81,11 @@ class ProbeRunner:
         try:
             session.request(prompt, request_id, rec, self.config.timeout)
         except ProbeFailure as exc:
+            self._plans.invalidate()
             return rec.failure(self.config, self.target, request_id, exc)
         except Exception as exc:  # a client library bug must not kill the probe
             log.debug("probe %s: unexpected error", self.config.name, exc_info=True)
+            self._plans.invalidate()
             failure = ProbeFailure("protocol", f"{type(exc).__name__}: {exc}")
             return rec.failure(self.config, self.target, request_id, failure)
         return rec.result(self.config, self.target, request_id, self._count_tokens)
@@ -85,14 +94,14 @@ class ProbeRunner:
         session = self._sessions[slot]
         if session is not None:
             return session
-        session = make_session(self.config, self.url)
+        session = make_session(self.config, self.url, self._plans)
         for _ in range(self.config.warmup):
             result = self._one(session)
             if not result.ok:
                 # Start the measured request on a fresh session; a down server only costs
                 # one failed warm-up.
                 _close(session)
-                session = make_session(self.config, self.url)
+                session = make_session(self.config, self.url, self._plans)
                 break
         self._sessions[slot] = session
         return session

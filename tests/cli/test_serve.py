@@ -35,6 +35,12 @@ def wait_for(url, predicate, timeout=30.0):
     raise AssertionError(f"{url} never became ready; last answer {last}")
 
 
+def scrape_ts(answer):
+    """When the rig's metrics were last scraped, by /api/v1/targets (0 if not yet)."""
+    return max((t["ts"] for t in answer.json()["data"]
+                if t["target"] == "rig" and t["source"] == "metrics"), default=0.0)
+
+
 def stop(proc):
     proc.send_signal(signal.SIGTERM)
     try:
@@ -81,9 +87,13 @@ def test_serve_scrapes_the_rig_and_flushes_on_sigterm(triton_rig, rig_load, tmp_
                            lambda r: len([t for t in r.json()["data"] if t["up"]]) == 2)
         sources = {t["source"] for t in targets.json()["data"] if t["target"] == "rig"}
         assert sources == {"metrics", "api"}
-        time.sleep(3)  # a few scrapes, so rates exist
-        metrics = httpx.get(f"{base}/metrics").text
-        assert 'tritonwatch_target_up{source="metrics",target="rig"} 1.0' in metrics
+        first = scrape_ts(targets)
+        # A few more scrapes, so rates exist: waited for (a fixed 3 s could hold fewer than
+        # two rates on a busy machine), within wait_for's bound.
+        wait_for(f"{base}/api/v1/targets", lambda r: scrape_ts(r) >= first + 2.9)
+        wait_for(f"{base}/metrics", lambda r: (
+            'tritonwatch_target_up{source="metrics",target="rig"} 1.0' in r.text
+        ))
     finally:
         code, out = stop(proc)
     assert code == 0, out
@@ -92,7 +102,7 @@ def test_serve_scrapes_the_rig_and_flushes_on_sigterm(triton_rig, rig_load, tmp_
         assert {"nv_inference_count", "sli:request_rate", "sli:batch_fill_rate"} <= names
         (rate,) = store.range("sli:request_rate", start=0, end=time.time(),
                               match={"model": "batcher"})
-        assert len(rate.values) >= 2 and min(rate.values) > 0
+        assert len(rate.values) >= 2 and min(rate.values) > 0, rate
 
 
 def test_serve_spills_what_the_final_flush_could_not_write_and_stores_it_at_the_next_start(

@@ -1,6 +1,7 @@
 """The collector's jobs against real HTTP targets (good and broken) and a real SQLite store."""
 
 import asyncio
+import itertools
 import json
 import time
 from collections.abc import Iterator
@@ -13,29 +14,46 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from bench.payloads import triton_payload
 from tests.fixtures_http import FakeTargets, serve_fake_targets
 from tritonwatch.collector.jobs import API_MAX_CONCURRENCY, Collector, SelfMetrics, stagger_offset
-from tritonwatch.collector.parse import parse, parse_fast
+from tritonwatch.collector.parse import parse_fast
 from tritonwatch.collector.triton import ApiReading, parse_model_config, stats_families
 from tritonwatch.schemas.config import validate_config
 from tritonwatch.schemas.samples import Sample, Snapshot, TargetHealth
 from tritonwatch.store import StoreError
 
 
-def run_scheduled(config, store, metrics, *, seconds):
-    """Run a Collector's jobs on a real scheduler for ``seconds``; was the scheduler still
-    running at the end (a failing job must never stop it)?"""
+def run_scheduled(collector, *, until, limit=60.0):
+    """Run a Collector's jobs on a real scheduler until ``until()`` holds, or ``limit`` seconds
+    (a bound for a busy machine, not a duration to wait).
+
+    Returns whether the scheduler was still running at the end (a failing job must never stop
+    it) and the event loop's heartbeat: its monotonic time every 20 ms, whose gaps are the
+    loop's stalls.
+    """
+    beats: list[float] = []
 
     async def run():
-        collector = Collector(config, store, metrics=metrics)
         scheduler = AsyncIOScheduler(timezone="UTC")
         collector.install(scheduler)
         scheduler.start()
-        await asyncio.sleep(seconds)
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline and not until():
+            beats.append(time.monotonic())
+            await asyncio.sleep(0.02)
+        beats.append(time.monotonic())
         running = scheduler.running
         scheduler.shutdown(wait=False)
         await collector.close()
         return running
 
-    return asyncio.run(run())
+    return asyncio.run(run()), beats
+
+
+def longest_stall(beats, start=None, end=None):
+    """The longest gap between heartbeats (within ``start``..``end``)."""
+    start = beats[0] if start is None else start
+    end = beats[-1] if end is None else end
+    inside = [b for b in beats if start <= b <= end]
+    return max(b - a for a, b in itertools.pairwise([start, *inside, end]))
 
 
 def make_config(targets, **scrape):
@@ -75,33 +93,47 @@ def test_scrape_stores_raw_and_derived_series_with_exposed_names(fake_targets, s
 def test_broken_targets_are_marked_down_and_never_delay_the_good_one(
     fake_targets, down_url, store
 ):
+    # The broken ones get 3 s deadlines: one that held the event loop would stall it, and the
+    # good target's 1 s schedule, for seconds, far beyond what a busy machine's scheduling does.
+    broken = {"scrape_interval": "4s", "scrape_timeout": "3s"}
     targets = [
         {"name": "good", "metrics_url": fake_targets.url("/ok")},
-        {"name": "slow", "metrics_url": fake_targets.url("/slow")},
-        {"name": "garbage", "metrics_url": fake_targets.url("/garbage")},
-        {"name": "endless", "metrics_url": fake_targets.url("/endless")},
-        {"name": "down", "metrics_url": down_url},
-        {"name": "error", "metrics_url": fake_targets.url("/status/503")},
+        {"name": "slow", "metrics_url": fake_targets.url("/slow"), **broken},
+        {"name": "garbage", "metrics_url": fake_targets.url("/garbage"), **broken},
+        {"name": "endless", "metrics_url": fake_targets.url("/endless"), **broken},
+        {"name": "down", "metrics_url": down_url, **broken},
+        {"name": "error", "metrics_url": fake_targets.url("/status/503"), **broken},
     ]
-    config = make_config(targets, interval="1s", timeout="800ms", max_body_bytes="256KiB")
+    config = make_config(targets, interval="1s", timeout="1s", max_body_bytes="256KiB")
     metrics = SelfMetrics()
-    run_scheduled(config, store, metrics, seconds=5.5)
+    collector = Collector(config, store, metrics=metrics)
+
+    def good_hits():
+        return [t for path, t in fake_targets.hits if path == "/ok"]
+
+    def done():
+        reported = {target for target, _ in collector._last_health}
+        return {t["name"] for t in targets} <= reported and len(good_hits()) >= 5
+
+    _, beats = run_scheduled(collector, until=done)
     store.flush()
     health = {h.target: h for h in store.health()}
-    assert health["good"].up
     reasons = {name: health[name].error or "" for name in health if name != "good"}
-    assert "timed out after 0.8s" in reasons["slow"]
+    assert "timed out after 3s" in reasons["slow"]
     assert "unparsable body" in reasons["garbage"] and "line 1" in reasons["garbage"]
     assert "max_body_bytes" in reasons["endless"] or "timed out" in reasons["endless"]
     assert "ConnectError" in reasons["down"]
     assert "HTTP 503" in reasons["error"]
     assert not any(health[name].up for name in reasons)
-    # The good target was scraped on its 1 s schedule throughout: 5 or 6 scrapes, evenly spaced.
-    good = [t for path, t in fake_targets.hits if path == "/ok"]
+    # The event loop never stood still for the broken scrapes (the slow one alone would hold
+    # it 3 s), so the good target was scraped on its schedule throughout, and mostly fine (a
+    # busy machine may time one out).
+    assert longest_stall(beats) < 1.5, longest_stall(beats)
+    good = good_hits()
     assert len(good) >= 5
-    # Judged against the scheduler's 1 s grid (a late run is followed by an on-time one).
-    lateness = [(t - good[0]) - round(t - good[0]) for t in good]
-    assert max(abs(x) for x in lateness) < 0.3, lateness
+    assert max(b - a for a, b in itertools.pairwise(good)) < 2.5, good
+    (up,) = store.range("up", start=0, end=time.time() + 10, target="good")
+    assert sum(up.values) > len(up.values) / 2, up.values
     # Down targets get `up` 0 in the store, like Prometheus.
     (up,) = store.range("up", start=0, end=time.time() + 10, target="down")
     assert set(up.values) == {0.0}
@@ -128,7 +160,13 @@ def test_a_failing_job_is_counted_and_never_stops_the_others(fake_targets, store
         "store": {"flush_interval": "1s"},
     })
     metrics = SelfMetrics()
-    assert run_scheduled(config, store, metrics, seconds=3.5)
+
+    def done():
+        hits = [p for p, _ in fake_targets.hits if p == "/ok"]
+        return metrics.job_failures.labels("store")._value.get() >= 3 and len(hits) >= 3
+
+    running, _ = run_scheduled(Collector(config, store, metrics=metrics), until=done)
+    assert running
     assert metrics.job_failures.labels("store")._value.get() >= 3
     assert metrics.store_errors._value.get() >= 3
     assert len([p for p, _ in fake_targets.hits if p == "/ok"]) >= 3
@@ -472,25 +510,54 @@ def huge_target() -> Iterator[FakeTargets]:
         yield targets
 
 
-def test_a_huge_slow_path_body_does_not_delay_other_targets(fake_targets, huge_target, store):
+def test_a_huge_slow_path_body_does_not_delay_other_targets(
+    fake_targets, huge_target, store, monkeypatch
+):
+    """The huge body is parsed in a worker thread: the event loop, and with it every other
+    target's scrape, keeps running while it is.
+
+    Judged against the parse's own duration, not a fixed time: it takes 0.3 s on an idle
+    machine and 3-22 s with both cores busy.  The scheduler runs until the huge target's first
+    scrape is done (a fixed window was too short on a busy machine: no health row yet).
+    """
     assert parse_fast(huge_target.server.ok_body) is None  # really the slow path
-    start = time.perf_counter()
-    parse(huge_target.server.ok_body)
-    assert time.perf_counter() - start > 0.3  # long enough to matter on the event loop
     targets = [
         {"name": "good", "metrics_url": fake_targets.url("/ok")},
+        # Its own, longer deadline: fetching 3 MB must not time out on a busy machine.  (The
+        # name's stagger offset is 0.8 s of the 10 s, so the test need not wait for it.)
         # 60,000 samples: past the default sample_limit (50,000), which would refuse it.
-        {"name": "huge", "metrics_url": huge_target.url("/ok"), "sample_limit": 100_000},
+        {"name": "slowpath", "metrics_url": huge_target.url("/ok"), "scrape_interval": "10s",
+         "scrape_timeout": "10s", "sample_limit": 100_000},
     ]
     config = make_config(targets, interval="1s", timeout="1s")
-    metrics = SelfMetrics()
-    run_scheduled(config, store, metrics, seconds=5.5)
+    collector = Collector(config, store, metrics=SelfMetrics())
+    ingests: list[tuple[float, float]] = []  # (start, end) of each slow-path ingest
+    real_ingest = collector._ingest
+
+    def timed_ingest(state, text, now, start):
+        began = time.monotonic()
+        try:
+            return real_ingest(state, text, now, start)
+        finally:
+            if state.config.name == "slowpath":
+                ingests.append((began, time.monotonic()))
+
+    monkeypatch.setattr(collector, "_ingest", timed_ingest)
+    _, beats = run_scheduled(
+        collector, until=lambda: ("slowpath", "metrics") in collector._last_health, limit=120
+    )
     health = {h.target: h for h in store.health()}
-    assert health["huge"].up and health["huge"].samples == SLOW_PATH_LINES
+    assert health["slowpath"].up and health["slowpath"].samples == SLOW_PATH_LINES
+    [(began, ended)] = ingests[:1]
+    assert ended - began > 0.1  # long enough to see on a 20 ms heartbeat
+    # The loop's longest pause during the parse: on the loop it would be the whole parse.
+    stall = longest_stall(beats, began, ended)
+    assert stall < (ended - began) / 2, (stall, ended - began)
+    # And the good target kept being scraped on its 1 s schedule while the parse ran: at least
+    # every other time (a busy machine stalls the loop now and then, up to ~2 s seen), and
+    # mostly successfully.  A blocked loop scrapes it not once during the parse.
     good = [t for path, t in fake_targets.hits if path == "/ok"]
-    assert len(good) >= 5
-    # The scheduler keeps a 1 s grid (a late run is followed by an on-time one), so judge how
-    # far each scrape strayed from that grid: a blocked event loop made them ~0.8 s late.
-    lateness = [(t - good[0]) - round(t - good[0]) for t in good]
-    assert max(abs(x) for x in lateness) < 0.5, lateness
-    assert metrics.job_missed.labels("scrape")._value.get() == 0
+    scrapes_during = sum(began <= t <= ended for t in good)
+    assert scrapes_during >= int((ended - began) / 2), (scrapes_during, ended - began, stall)
+    (up,) = store.range("up", start=0, end=time.time() + 10, target="good")
+    assert sum(up.values) > len(up.values) / 2, up.values

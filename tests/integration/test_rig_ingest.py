@@ -11,7 +11,9 @@ import statistics
 import threading
 import time
 
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tritonwatch.collector.jobs import Collector
 from tritonwatch.collector.triton import TritonApi
@@ -33,6 +35,18 @@ def stats_counts(rig, model):
     api.close()
     (entry,) = stats["model_stats"]
     return int(entry["inference_count"]), int(entry["execution_count"])
+
+
+def kv_fraction(rig):
+    """fake_llm's exported KV fraction gauge, read straight from Triton's /metrics."""
+    text = httpx.get(rig.metrics_url, timeout=10).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if (sample.name == "nv_trt_llm_kv_cache_block_metrics"
+                    and sample.labels.get("kv_cache_block_type") == "fraction"
+                    and sample.labels.get("model") == "fake_llm"):
+                return sample.value
+    return float("nan")
 
 
 def test_fill_rate_in_store_matches_statistics_api(triton_rig, rig_load, store):
@@ -83,7 +97,13 @@ def test_kv_cache_utilization_follows_the_model(triton_rig, rig_control, rig_loa
     async def steps():
         for fraction in (0.2, 0.55, 0.9, 0.4):
             rig_control(kv_used_fraction=fraction)
-            await asyncio.sleep(1.2)  # the model refreshes its gauges per request / 100 ms
+            # The model refreshes its gauges every 100 ms, Triton its /metrics every 500 ms:
+            # wait until they show the new fraction (a fixed 1.2 s was tight on a busy machine).
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                if abs(kv_fraction(triton_rig) - fraction) <= 0.05:  # False while NaN
+                    break
+                await asyncio.sleep(0.2)
             await collector.scrape("rig")
             slis = {s.name: s.value for s in collector.targets["rig"].latest
                     if label_value(s.labels, "model") == "fake_llm"}

@@ -8,6 +8,7 @@ import json
 import logging
 import socket
 import statistics
+import time
 from collections import defaultdict
 from itertools import pairwise
 from typing import Any
@@ -34,8 +35,9 @@ def _url(rig: TritonRig, protocol: str) -> str:
 
 def _probe(rig: TritonRig, protocol: str, **kw: Any) -> ProbeConfig:
     kw.setdefault("model", "fake_llm")
-    kw.setdefault("timeout", 5.0)
-    kw.setdefault("interval", 10.0)
+    # A generous deadline: these requests take milliseconds, seconds on a busy machine.
+    kw.setdefault("timeout", 30.0)
+    kw.setdefault("interval", 60.0)
     return ProbeConfig(name=f"t-{protocol}", url=_url(rig, protocol), protocol=protocol, **kw)
 
 
@@ -60,6 +62,16 @@ def _free_port() -> int:
 def test_probe_matches_what_the_model_recorded(
     triton_rig: TritonRig, rig_control: Any, protocol: str, ttft_ms: float, itl_ms: float
 ) -> None:
+    """Each token is timed where it arrives: never before the model sent it, and well before
+    the model is done with the answer.
+
+    The model stamps every response just before handing it to Triton, on the same
+    CLOCK_MONOTONIC as the probe, so ``sent <= arrived`` holds exactly, under any load.  How
+    long delivery takes is the machine's business: bench/probe_overhead.py reports it (about
+    0.1-0.5 ms idle, p50 1-7 ms and single ones over 100 ms with both cores busy).  The
+    bounds here are in units of the model's token gaps, which a probe that stamped on the final
+    response, batched events or counted the whole answer as TTFT breaks by several gaps.
+    """
     rig_control(ttft_ms=ttft_ms, itl_ms=itl_ms)
     triton_rig.clear_response_log()
     config = _probe(triton_rig, protocol, max_tokens=8, concurrency=8, warmup=1)
@@ -71,26 +83,37 @@ def test_probe_matches_what_the_model_recorded(
     for entry in triton_rig.response_log():
         if not entry["final"]:
             sent[entry["request_id"]].append(entry["t_ns"])
-    ref_ttft, ref_itl = [], []
+    delays_ms, first_delays_ms, itl_deltas_ms = [], [], []
+    first_seen_before_last_sent = 0
     for r in results:
         times = sorted(sent[r.request_id])
         assert len(times) == 8, r.request_id
-        ref_ttft.append((times[0] - r.t0_ns) / 1e6)
-        ref_itl.append(statistics.fmean((b - a) / 1e6 for a, b in pairwise(times)))
-    p50_ttft = statistics.median(r.ttft_s * 1e3 for r in results if r.ttft_s)
-    p50_itl = statistics.median(r.itl_s * 1e3 for r in results if r.itl_s)
-    d_ttft = p50_ttft - statistics.median(ref_ttft)
-    d_itl = p50_itl - statistics.median(ref_itl)
+        assert r.ttft_s is not None and r.itl_s is not None
+        arrived = [r.t0_ns + r.ttft_s * 1e9]
+        for gap in r.gaps_s:
+            arrived.append(arrived[-1] + gap * 1e9)
+        # The request left before the model began its ttft_ms wait.
+        assert times[0] - r.t0_ns >= ttft_ms * 1e6, r.request_id
+        # No token is seen before it was sent (1 us: float rounding of the stored seconds).
+        assert all(a >= s - 1e3 for a, s in zip(arrived, times, strict=True)), r.request_id
+        delays_ms += [(a - s) / 1e6 for a, s in zip(arrived, times, strict=True)]
+        first_delays_ms.append((arrived[0] - times[0]) / 1e6)
+        first_seen_before_last_sent += arrived[0] < times[-1]
+        model_itl = statistics.fmean((b - a) / 1e6 for a, b in pairwise(times))
+        itl_deltas_ms.append(r.itl_s * 1e3 - model_itl)
     log.warning(
-        "%s ttft=%s itl=%s: probe p50 ttft %.3f ms (model %.3f, delta %+.3f), "
-        "p50 itl %.3f ms (model %.3f, delta %+.3f)", protocol, ttft_ms, itl_ms, p50_ttft,
-        statistics.median(ref_ttft), d_ttft, p50_itl, statistics.median(ref_itl), d_itl,
+        "%s ttft=%s itl=%s: delivery delay p50 %.3f ms, max %.3f ms (first token p50 %.3f "
+        "ms), probe itl - model itl p50 %+.3f ms", protocol, ttft_ms, itl_ms,
+        statistics.median(delays_ms), max(delays_ms), statistics.median(first_delays_ms),
+        statistics.median(itl_deltas_ms),
     )
-    assert abs(d_ttft) <= 2.0
-    assert abs(d_itl) <= 1.0
-    # And against the configured delays (the backend's own scheduling adds a little).
-    assert ttft_ms <= p50_ttft <= ttft_ms + 10
-    assert itl_ms - 1 <= p50_itl <= itl_ms + 5
+    # TTFT is the first token's: mostly seen before the model even sent the last one (7 gaps
+    # later).  Stamping on the final response, or TTFT = e2e, never is.
+    assert first_seen_before_last_sent > len(results) / 2
+    # ITL follows the model's gaps: the delivery jitter of the first and the last token is
+    # spread over 7 gaps.  (Single gaps do not: with both cores busy a starved client often
+    # reads two tokens at once, and half the gaps measure 0.)
+    assert abs(statistics.median(itl_deltas_ms)) < itl_ms / 2
 
 
 # -- errors -----------------------------------------------------------------------------------
@@ -121,8 +144,8 @@ def test_error_after_tokens_is_a_truncated_stream(
 def test_nothing_listening_is_a_connect_error(protocol: str) -> None:
     port = _free_port()
     url = f"127.0.0.1:{port}" if protocol == "grpc" else f"http://127.0.0.1:{port}"
-    config = ProbeConfig(name="down", url=url, model="m", protocol=protocol, timeout=3,
-                         interval=5, warmup=1)
+    config = ProbeConfig(name="down", url=url, model="m", protocol=protocol, timeout=20,
+                         interval=60, warmup=1)
     results = _run(config, 2)
     assert [r.error_kind for r in results] == ["connect", "connect"]
 
@@ -131,8 +154,10 @@ def test_nothing_listening_is_a_connect_error(protocol: str) -> None:
 def test_slow_first_token_is_a_timeout_and_the_probe_recovers(
     triton_rig: TritonRig, rig_control: Any, protocol: str
 ) -> None:
-    rig_control(ttft_ms=1500)
-    config = _probe(triton_rig, protocol, timeout=0.3, warmup=0, max_tokens=2)
+    # The first token comes 8 s after the request: a 3 s deadline always passes first, however
+    # slow the machine; 3 s is also ample for the recovery request (milliseconds).
+    rig_control(ttft_ms=8000)
+    config = _probe(triton_rig, protocol, timeout=3.0, warmup=0, max_tokens=2)
     runner = ProbeRunner(config, config.url or "")
     try:
         [r] = runner.run(1)
@@ -149,7 +174,7 @@ def test_plain_infer_measures_latency(triton_rig: TritonRig) -> None:
         config = ProbeConfig(
             name="plain", url=_url(triton_rig, protocol), protocol=protocol, model="batcher",
             mode="infer", infer_inputs=[{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4]}],
-            timeout=5, interval=10,
+            timeout=30, interval=60,
         )
         results = _run(config, 3)
         assert all(r.ok and r.tokens == 0 and r.e2e_s for r in results), results
@@ -160,13 +185,18 @@ def test_plain_infer_measures_latency(triton_rig: TritonRig) -> None:
 @pytest.mark.parametrize("endpoint", ["chat", "completions"])
 def test_openai_stream_end_to_end(fake_openai_server: FakeOpenAIServer, endpoint: str) -> None:
     config = ProbeConfig(name="oai", url=fake_openai_server.url + "/v1", protocol="openai",
-                         model="fake-llm", openai_endpoint=endpoint, max_tokens=6, timeout=5,
-                         interval=10, concurrency=2)
+                         model="fake-llm", openai_endpoint=endpoint, max_tokens=6, timeout=30,
+                         interval=60, concurrency=2)
     results = _run(config, 6)
     assert all(r.ok and r.tokens == 6 for r in results)  # role-only and final chunks skipped
-    ttft = statistics.median(r.ttft_s for r in results if r.ttft_s)
+    # The server waits 20 ms before the first token (the role-only chunk goes at once, and is
+    # no token) and 5 ms between tokens: lower bounds that hold however busy the machine is.
+    for r in results:
+        assert r.ttft_s is not None and r.ttft_s >= 0.020
+        assert r.e2e_s is not None and r.e2e_s >= 0.020 + 5 * 0.005
+    # Tokens are timed one by one, not all at the end (ITL ~0); seconds, not milliseconds.
     itl = statistics.median(r.itl_s for r in results if r.itl_s)
-    assert 0.020 <= ttft < 0.030 and 0.005 <= itl < 0.008
+    assert 0.0025 <= itl < 1.0
 
 
 @pytest.mark.parametrize(("model", "kind", "code"), [
@@ -179,7 +209,7 @@ def test_openai_errors_are_classified(
     fake_openai_server: FakeOpenAIServer, model: str, kind: str, code: str | None
 ) -> None:
     config = ProbeConfig(name="oai", url=fake_openai_server.url, protocol="openai",
-                         model=model, max_tokens=6, timeout=5, interval=10, warmup=0)
+                         model=model, max_tokens=6, timeout=30, interval=60, warmup=0)
     [r] = _run(config, 1)
     assert (r.ok, r.error_kind, r.error_code) == (False, kind, code)
     if model == "fake-error":
@@ -197,15 +227,22 @@ def test_scheduled_probes_store_results_and_a_failing_probe_stops_nothing(
                      "grpc_url": triton_rig.grpc_url}],
         "store": {"url": f"sqlite:///{tmp_path}/tw.db"},
         "probes": [
-            {"name": "good", "target": "rig", "model": "fake_llm", "interval": "300ms",
-             "timeout": "300ms", "max_tokens": 4, "ttft_slo": "50ms"},
+            # 1 s deadlines for requests of milliseconds: a busy machine passes them too.
+            {"name": "good", "target": "rig", "model": "fake_llm", "interval": "1s",
+             "timeout": "1s", "max_tokens": 4, "ttft_slo": "50ms"},
             {"name": "down", "url": f"127.0.0.1:{_free_port()}", "model": "fake_llm",
-             "interval": "300ms", "timeout": "300ms"},
+             "interval": "1s", "timeout": "1s"},
         ],
     })
     store = open_store(config.store.url)
     store.create_schema()
     collector = Collector(config, store)
+
+    def _requests(probe: str) -> float:
+        value = collector.metrics.registry.get_sample_value(
+            "tritonwatch_probe_requests_total", {"probe": probe, "model": "fake_llm"}
+        )
+        return value or 0.0
 
     async def go() -> None:
         scheduler = AsyncIOScheduler()
@@ -214,7 +251,10 @@ def test_scheduled_probes_store_results_and_a_failing_probe_stops_nothing(
             if not job.id.startswith("probe:"):
                 scheduler.remove_job(job.id)
         scheduler.start()
-        await asyncio.sleep(2.0)
+        # Until each probe has run a few times (3 s idle), not for a fixed time.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and (_requests("good") < 3 or _requests("down") < 2):
+            await asyncio.sleep(0.1)
         scheduler.shutdown(wait=False)
         await collector.close()
 
@@ -249,10 +289,18 @@ def test_cli_probe_json(triton_rig: TritonRig, rig_control: Any, capsys: Any) ->
     assert data["requests"] == 10 and data["errors"] == 0
     for key in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"):
         assert set(data[key]) == {"avg", "min", "max", "p50", "p90", "p95", "p99"}
-    assert 10 <= data["ttft_ms"]["p50"] < 20
+    # Milliseconds: at least the model's 10 ms wait (plus 3 gaps of 2 ms for e2e); an upper
+    # bound only against a unit slip (seconds or microseconds), not the machine's speed.
+    assert 10 <= data["ttft_ms"]["min"] <= data["ttft_ms"]["p50"] < 1000
+    assert 16 <= data["e2e_ms"]["min"] and data["e2e_ms"]["p50"] < 1000
 
 
-def test_cli_probe_table(triton_rig: TritonRig, rig_control: Any, capsys: Any) -> None:
+def test_cli_probe_table(
+    triton_rig: TritonRig, rig_control: Any, capsys: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Wide enough for any figures: in 80 columns, slow requests' longer numbers squeeze the
+    # first column until its labels wrap ("Time to first" / "token").
+    monkeypatch.setenv("COLUMNS", "200")
     rig_control(ttft_ms=5, itl_ms=1)
     code = main(["probe", "--url", triton_rig.grpc_url, "--model", "fake_llm",
                  "--requests", "3", "--max-tokens", "3"])
