@@ -34,6 +34,7 @@ from tritonwatch.schemas.rules import SloSpec, load_rules_file
 from tritonwatch.schemas.samples import Labels, label_value
 from tritonwatch.store import SeriesColumns, Store, StoreError, open_store
 from tritonwatch.store.alerts import AlertStore
+from tritonwatch.store.reports import ReportStore
 
 #: Environment variable naming the config file (``tritonwatch dashboard --config``).
 CONFIG_ENV = "TRITONWATCH_DASHBOARD_CONFIG"
@@ -600,3 +601,25 @@ def why(url: str, target: str, model: str, start: float, end: float, step: float
 
 def is_unreachable(exc: BaseException) -> bool:
     return isinstance(exc, StoreError | DashboardError)
+
+
+@st.cache_data(ttl=LONG_TTL, show_spinner=False)
+def reports(url: str, limit: int = 200) -> pd.DataFrame:
+    """The weekly SLO reports kept in the store, newest week first, with their summaries."""
+    rows = ReportStore(_store(url)).list(limit=limit)
+    return pd.DataFrame([{
+        "id": r.id, "week": r.week, "time zone": r.timezone,
+        "made (UTC)": utc_text(r.created_at),
+        "held": r.summary.get("held"), "at risk": r.summary.get("at_risk"),
+        "breached": r.summary.get("breached"), "incidents": r.summary.get("incidents"),
+        "regressions": r.summary.get("regressions"), "tuning hints": r.summary.get("advice"),
+        "budget health": r.summary.get("budget_health"),
+    } for r in rows])
+
+
+@st.cache_data(ttl=LONG_TTL, show_spinner=False)
+def report_document(url: str, report_id: int, fmt: str) -> str | None:
+    """One kept rendering (``html``, ``md`` or ``json``) of a report; None if it is gone."""
+    if fmt not in ("html", "md", "json"):
+        raise ValueError(f"unknown report format {fmt!r}")
+    return ReportStore(_store(url)).document(report_id, fmt)  # type: ignore[arg-type]

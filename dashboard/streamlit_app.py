@@ -32,6 +32,7 @@ PAGES = [
     st.Page("app_pages/slos.py", title="SLOs", url_path="slos"),
     st.Page("app_pages/alerts.py", title="Alerts", url_path="alerts"),
     st.Page("app_pages/probes.py", title="Probes", url_path="probes"),
+    st.Page("app_pages/reports.py", title="Reports", url_path="reports"),
 ]
 page = st.navigation(PAGES)
 

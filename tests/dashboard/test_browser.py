@@ -43,7 +43,29 @@ PAGES = (
     ("slos", "slos", "SLOs"),
     ("alerts", "alerts", "Alerts"),
     ("probes", "probes", "Probes"),
+    ("reports", "reports", "Weekly SLO reports"),
 )
+
+
+def _keep_a_report(store, d) -> None:
+    # The report golden test's week, made on a store of its own and kept in this one, so the
+    # Reports page has a real report to show without mixing its targets into the others.
+    from tests.report import synthetic as syn
+    from tritonwatch.alerts.report.model import to_json
+    from tritonwatch.alerts.report.produce import produce
+    from tritonwatch.store.reports import ReportStore
+
+    with open_store(f"sqlite:///{d}/report.db") as scratch:
+        scratch.create_schema()
+        syn.fill(scratch)
+        made = produce(scratch, syn.config(out_dir=str(d / "reports")), syn.WEEK,
+                       specs=syn.SLOS)
+    assert made is not None
+    r = made.report
+    ReportStore(store).insert(week=r.week, config_key=r.config_key, timezone=r.timezone,
+                              start=r.start, end=r.end, created_at=r.generated_at,
+                              summary=to_json(r)["summary"],
+                              documents=dict(made.documents))
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +80,7 @@ def served(rig_store: Filled, tmp_path_factory: pytest.TempPathFactory) -> Itera
     url = f"sqlite:///{d}/tw.db"
     with open_store(url) as store:
         synthetic_week(store, now=time.time())
+        _keep_a_report(store, d)
     # Both SLOs: the rig's probe TTFT and the synthetic week's availability.
     rules = RULES.replace("slos:\n", "slos:\n" + WEEK_RULES.split("slos:\n", 1)[1], 1)
     config = write_config(d, rig=None, db_url=url, rules=rules)

@@ -243,3 +243,30 @@ def test_dashboard_command_refuses_a_bad_config_naming_the_key(tmp_path, capsys)
     bad.write_text("version: 1\nstore: {url: 'mysql://x/y'}\n", encoding="utf-8")
     assert main(["dashboard", "--config", str(bad)]) == 2
     assert "store.url" in capsys.readouterr().err
+
+
+def test_reports_page_lists_kept_reports_and_shows_one(tmp_path, monkeypatch):
+    from tests.dashboard.fill import write_config
+    from tests.report import synthetic as syn
+    from tritonwatch.alerts.report.produce import produce
+
+    url = f"sqlite:///{tmp_path}/tw.db"
+    with open_store(url) as store:
+        store.create_schema()
+        syn.fill(store)
+        made = produce(store, syn.config(out_dir=str(tmp_path / "out")), syn.WEEK,
+                       specs=syn.SLOS)
+    assert made is not None
+    config = write_config(tmp_path, rig=None, db_url=url, rules="version: 1\n")
+    at = run_page(monkeypatch, config, "reports")
+    listed = frame(at, "week")
+    assert list(listed["week"]) == ["2026-W43"]
+    assert listed.iloc[0]["incidents"] == made.report.summary.incidents
+    assert listed.iloc[0]["held"] == made.report.summary.held
+    assert [getattr(b, "label", None) for b in at.get("download_button")] == [
+        "Download HTML", "Download MD", "Download JSON"]
+
+
+def test_reports_page_without_reports_says_how_to_make_one(empty_store, monkeypatch):
+    at = run_page(monkeypatch, empty_store.config, "reports")
+    assert any("No weekly report yet" in t for t in texts(at))
