@@ -18,25 +18,21 @@ from __future__ import annotations
 
 import json
 import math
-import sqlite3
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, NamedTuple, cast
 
-import psycopg
 from sqlalchemy import delete, select, update
-from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from tritonwatch.schemas import tables as t
 from tritonwatch.schemas.alerts import AlertEvent, AlertState, AlertStatus, EventStatus
 from tritonwatch.schemas.samples import Labels, labels_json, make_labels
 from tritonwatch.schemas.untrusted import db_text
 from tritonwatch.store.engine import transaction
-from tritonwatch.store.errors import StoreError
+from tritonwatch.store.errors import StoreError, db_errors
 from tritonwatch.store.store import Store
 from tritonwatch.store.write import dialect_insert
 
-_DB_ERRORS = (SQLAlchemyError, psycopg.Error, sqlite3.Error)
 _STATUSES = frozenset({"pending", "firing", "resolved"})
 
 
@@ -198,15 +194,8 @@ class AlertStore:
             for r in rows
         ]
 
-    @contextmanager
-    def _db(self, action: str) -> Iterator[None]:
-        url = self._store.url_redacted
-        try:
-            yield
-        except _DB_ERRORS as exc:
-            cause = exc.orig if isinstance(exc, DBAPIError) else exc
-            reason = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
-            raise StoreError(f"{action} on {url} failed: {reason}", url=url) from exc
+    def _db(self, action: str) -> AbstractContextManager[None]:
+        return db_errors(action, self._store.url_redacted)
 
 
 def _state_row(stored: StoredAlert, now: float) -> dict[str, Any]:

@@ -17,6 +17,13 @@ Messages name the store by its redacted URL, never with the password.
 
 from __future__ import annotations
 
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import psycopg
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+
 
 class StoreError(ConnectionError):
     """The store could not be reached, or a statement against it failed."""
@@ -50,3 +57,19 @@ class WriterLockHeld(RuntimeError):
         super().__init__(message)
         #: Who holds it, as far as the lock tells (pid, host, start time), for messages.
         self.holder = holder
+
+
+#: What a database call can raise that means "the store failed", on either backend.
+DB_ERRORS = (SQLAlchemyError, psycopg.Error, sqlite3.Error)
+
+
+@contextmanager
+def db_errors(action: str, url: str) -> Iterator[None]:
+    """Turn driver and SQLAlchemy errors into one :class:`StoreError` naming ``action`` and
+    the redacted ``url`` and the driver's first line of reason."""
+    try:
+        yield
+    except DB_ERRORS as exc:
+        cause = exc.orig if isinstance(exc, DBAPIError) else exc
+        reason = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+        raise StoreError(f"{action} on {url} failed: {reason}", url=url) from exc

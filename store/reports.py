@@ -9,22 +9,17 @@ decides, so two processes racing for the same week store it once); ``replace`` (
 from __future__ import annotations
 
 import json
-import sqlite3
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from typing import Any, Literal, NamedTuple
 
-import psycopg
 from sqlalchemy import select
-from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from tritonwatch.schemas import tables as t
 from tritonwatch.store.engine import transaction
-from tritonwatch.store.errors import StoreError
+from tritonwatch.store.errors import db_errors
 from tritonwatch.store.store import Store
 from tritonwatch.store.write import dialect_insert
 
-_DB_ERRORS = (SQLAlchemyError, psycopg.Error, sqlite3.Error)
 Format = Literal["json", "html", "md"]
 _COLUMN = {"json": "json", "html": "html", "md": "markdown"}
 
@@ -107,12 +102,5 @@ class ReportStore:
                 select(column).where(r.c.id == report_id)).scalar_one_or_none()
         return found
 
-    @contextmanager
-    def _db(self, action: str) -> Iterator[None]:
-        url = self._store.url_redacted
-        try:
-            yield
-        except _DB_ERRORS as exc:
-            cause = exc.orig if isinstance(exc, DBAPIError) else exc
-            reason = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
-            raise StoreError(f"{action} on {url} failed: {reason}", url=url) from exc
+    def _db(self, action: str) -> AbstractContextManager[None]:
+        return db_errors(action, self._store.url_redacted)

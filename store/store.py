@@ -24,20 +24,17 @@ from __future__ import annotations
 import json
 import logging
 import math
-import sqlite3
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Collection, Container, Iterable, Iterator, Mapping
-from contextlib import closing, contextmanager
+from collections.abc import Callable, Collection, Container, Iterable, Mapping
+from contextlib import AbstractContextManager, closing
 from operator import itemgetter
 from types import TracebackType
 from typing import Any, NamedTuple
 
 import numpy as np
-import psycopg
 from sqlalchemy import Engine, literal, select, tuple_
-from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from tritonwatch.schemas import tables as t
 from tritonwatch.schemas.probes import ProbeResult
@@ -54,7 +51,7 @@ from tritonwatch.store.engine import (
     refuse_connections,
     transaction,
 )
-from tritonwatch.store.errors import QueryError, StoreError
+from tritonwatch.store.errors import QueryError, StoreError, db_errors
 from tritonwatch.store.values import SeriesColumns, SeriesData, SeriesKey
 from tritonwatch.store.write import (
     REFUSED,
@@ -88,7 +85,6 @@ FLUSH_GROUP_SAMPLES = 65_536
 #: that a down database does not add a connect timeout to every scrape.
 AUTO_FLUSH_BACKOFF_S = 5.0
 
-_DB_ERRORS = (SQLAlchemyError, psycopg.Error, sqlite3.Error)
 
 # Arbitrary constant key for pg_advisory_xact_lock around schema creation.
 _PG_LOCK_SCHEMA = 0x7477_0000
@@ -1190,17 +1186,9 @@ class Store:
 
     # --- errors ------------------------------------------------------------------------------
 
-    @contextmanager
-    def _db(self, action: str) -> Iterator[None]:
-        """Turn driver and SQLAlchemy errors into StoreError naming the redacted URL."""
-        try:
-            yield
-        except _DB_ERRORS as exc:
-            cause = exc.orig if isinstance(exc, DBAPIError) else exc
-            reason = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
-            raise StoreError(
-                f"{action} on {self.url_redacted} failed: {reason}", url=self.url_redacted
-            ) from exc
+    def _db(self, action: str) -> AbstractContextManager[None]:
+        """Driver and SQLAlchemy errors as StoreError naming the redacted URL."""
+        return db_errors(action, self.url_redacted)
 
 
 #: The widest window a query may name (years 1 to 9999, as the API's times): an open end of
