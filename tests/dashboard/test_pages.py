@@ -206,6 +206,16 @@ def test_fleet_target_rows_link_to_the_target_filtered_pages(rig_store, monkeypa
     at = AppTest.from_file(APP, default_timeout=120)
     at.query_params["target"] = "rig"
     at.run()
+    at.switch_page("app_pages/alerts.py")
+    at.sidebar.selectbox(key="sb_range").set_value("15 min")
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    # The other target's TargetDown is filtered out of the active and history tables.
+    assert "gone" not in set(frame(at, "since (UTC)")["target"])
+    assert "gone" not in set(frame(at, "time (UTC)")["target"])
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.query_params["target"] = "rig"
+    at.run()
     at.switch_page("app_pages/model.py")
     at.run()
     assert not at.exception, [e.value for e in at.exception]
