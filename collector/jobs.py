@@ -171,7 +171,7 @@ class TargetState:
         self.configs: dict[str, ModelConfigInfo] = dict(overrides)
         self.api = (
             TritonApi(target.name, http_url=target.http_url, grpc_url=target.grpc_url,
-                      headers=target.headers)
+                      headers=target.headers, expected_models=target.expected_models)
             if target.http_url or target.grpc_url else None
         )
         self.latest: list[Sample] = []  # derived SLIs of the last scrape, for display

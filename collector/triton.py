@@ -120,26 +120,38 @@ class ApiReading(NamedTuple):
 REASON_MAX = 200
 
 
-def readiness_samples(live: bool, ready: bool, index: Iterable[Mapping[str, Any]]
-                      ) -> tuple[Sample, ...]:
+#: The reason given for an expected model that the index does not list as loaded.
+NOT_LOADED = "not loaded"
+
+
+def readiness_samples(live: bool, ready: bool, index: Iterable[Mapping[str, Any]],
+                      expected: Iterable[str] = ()) -> tuple[Sample, ...]:
     """Readiness as series: ``triton_server_live``, ``triton_server_ready`` (0/1), and per
     model version of the repository index ``triton_model_ready{model, version}`` (1 when its
     state is READY), plus ``triton_model_ready_reason{model, version, state, reason}`` = 1
     while it is not.
 
     A model the index lists without a version or state (EXPLICIT model-control mode: in the
-    repository, never loaded) is not expected to be ready and gets no series; one that was
-    loaded and then unloaded or failed is listed with its version, state and reason.
+    repository, never loaded) is not expected to be ready and gets no series, unless it is in
+    ``expected`` (``targets[].expected_models``); one that was loaded and then unloaded or
+    failed is listed with its version, state and reason.  An expected model with no version
+    in the index (absent, or listed without one) reads 0 with ``version=""`` and the reason
+    "not loaded", so ModelNotReady fires for it; its state is the index's, or ``ABSENT``.
     """
     out = [Sample("triton_server_live", (), 1.0 if live else 0.0),
            Sample("triton_server_ready", (), 1.0 if ready else 0.0)]
     seen: set[tuple[str, str]] = set()
+    versioned: set[str] = set()
+    unversioned: dict[str, str] = {}
     for m in index:
         name, version = str(m.get("name") or ""), str(m.get("version") or "")
         state = str(m.get("state") or "").upper()
+        if name and not version:
+            unversioned.setdefault(name, state)
         if not name or not version or not state or (name, version) in seen:
             continue
         seen.add((name, version))
+        versioned.add(name)
         labels = make_labels({"model": name, "version": version})
         up = state == "READY"
         out.append(Sample("triton_model_ready", labels, 1.0 if up else 0.0))
@@ -147,6 +159,12 @@ def readiness_samples(live: bool, ready: bool, index: Iterable[Mapping[str, Any]
             reason = log_safe(str(m.get("reason") or ""), REASON_MAX)
             out.append(Sample("triton_model_ready_reason", make_labels(
                 {"model": name, "version": version, "state": state, "reason": reason}), 1.0))
+    for name in sorted(set(expected) - versioned):
+        state = log_safe(unversioned.get(name) or "ABSENT", REASON_MAX)
+        out.append(Sample("triton_model_ready", make_labels({"model": name, "version": ""}),
+                          0.0))
+        out.append(Sample("triton_model_ready_reason", make_labels(
+            {"model": name, "version": "", "state": state, "reason": NOT_LOADED}), 1.0))
     return tuple(out)
 
 
@@ -161,6 +179,7 @@ class TritonApi:
         grpc_url: str | None,
         headers: Mapping[str, str] | None = None,
         timeout: float = 10.0,
+        expected_models: Iterable[str] = (),
     ) -> None:
         if not http_url and not grpc_url:
             raise ValueError(f"target {target!r} has neither http_url nor grpc_url")
@@ -169,6 +188,7 @@ class TritonApi:
         self._grpc_url = grpc_url
         self._headers = dict(headers or {})
         self._timeout = timeout
+        self._expected = tuple(expected_models)
         self._client: Any = None
 
     def _connect(self) -> Any:
@@ -244,7 +264,7 @@ class TritonApi:
         stats = self._call("get_inference_statistics")
         snapshot = Snapshot(self.target, now, stats_families(stats))
         return ApiReading(configs, raw_configs, snapshot, time.perf_counter() - start,
-                          readiness_samples(live, server_ready, index))
+                          readiness_samples(live, server_ready, index, self._expected))
 
     async def read(self, now: float) -> ApiReading:
         return await asyncio.to_thread(self.read_blocking, now)

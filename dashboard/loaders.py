@@ -150,9 +150,13 @@ def health(url: str, now: float) -> pd.DataFrame:
         "status": "up" if h.up else "DOWN", "last scrape": age_text(max(now - h.ts, 0)),
         "duration ms": round(h.duration_s * 1000, 1), "samples": h.samples,
         "last error": h.error or "",
+        # The sidebar honours ?target=: each link opens a page filtered to this target.
+        "models": f"/model?target={_q(h.target)}",
+        "alerts": f"/alerts?target={_q(h.target)}",
     } for h in _store(url).health()]
     return pd.DataFrame(rows, columns=["target", "source", "up", "status", "last scrape",
-                                       "duration ms", "samples", "last error"])
+                                       "duration ms", "samples", "last error", "models",
+                                       "alerts"])
 
 
 #: Series whose presence lists a model (server-side counters, derived rate, probe runs).

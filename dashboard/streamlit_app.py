@@ -80,7 +80,10 @@ def sidebar() -> Selection | None:
         st.caption("`tritonwatch check-rules FILE` lists every error with its key path.")
         return None
     start, end = _range()
-    targets = sorted(set(inventory["target"]))
+    # Targets with model series, and those only scraped (or failing): a Fleet row's link
+    # (?target=) to a target that is down must still select it.
+    targets = sorted(set(inventory["target"]) | set(loaders.health(settings.store_url,
+                                                                   end)["target"]))
     _from_query("sb_target", "target", [ALL, *targets])
     target = st.sidebar.selectbox("Target", [ALL, *targets], key="sb_target")
     rows = inventory if target == ALL else inventory[inventory["target"] == target]

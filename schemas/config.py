@@ -186,6 +186,11 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
 
+#: Most models one target may list in ``expected_models``, and the longest name.
+EXPECTED_MODELS_MAX = 1000
+MODEL_NAME_MAX = 500
+
+
 class TargetConfig(_Frozen):
     """One Triton server to watch."""
 
@@ -222,6 +227,30 @@ class TargetConfig(_Frozen):
     """Overrides ``scrape.label_value_length_limit`` for this target (0: no limit)."""
     series_limit: int | None = Field(default=None, ge=0)
     """Overrides ``scrape.series_limit`` for this target (0: no limit)."""
+    expected_models: tuple[str, ...] = Field(default=(), max_length=EXPECTED_MODELS_MAX)
+    """Models that should be loaded on this target: each one the repository index does not
+    list as loaded reads ``triton_model_ready`` 0 ("not loaded") and fires ModelNotReady.
+    Needs ``http_url`` or ``grpc_url`` (readiness is read through Triton's API)."""
+
+    @field_validator("expected_models")
+    @classmethod
+    def _model_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        seen: set[str] = set()
+        for i, name in enumerate(value):
+            if not name or len(name) > MODEL_NAME_MAX or not name.isprintable():
+                raise ValueError(f"expected_models[{i}] must be 1..{MODEL_NAME_MAX} printable "
+                                 "characters")
+            if name in seen:
+                raise ValueError(f"expected_models[{i}]: {name!r} is listed twice")
+            seen.add(name)
+        return value
+
+    @model_validator(mode="after")
+    def _expected_needs_api(self) -> TargetConfig:
+        if self.expected_models and not (self.http_url or self.grpc_url):
+            raise ValueError(f"target {self.name!r}: expected_models needs http_url or "
+                             "grpc_url (readiness is read through Triton's API)")
+        return self
 
     @field_validator("max_batch_size")
     @classmethod

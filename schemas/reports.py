@@ -92,6 +92,13 @@ class ReportsConfig(_Frozen):
     """A target with a smaller share of its expected scrapes stored gets a warning."""
     history_weeks: int = Field(default=12, ge=1, le=52)
     """Weeks in each SLO's status strip."""
+    catch_up_weeks: int = Field(default=4, ge=1, le=52)
+    """At start-up and at each scheduled time ``serve`` produces every due week not kept yet,
+    back to this many weeks (oldest first), but none older than the first week kept for this
+    configuration: a new install or a changed configuration starts with the latest week."""
+    delivery_attempts: int = Field(default=4, ge=1, le=52)
+    """Runs of the report job (start-up, each scheduled time) that try to deliver a report on
+    each channel; a failed delivery is kept in the store and tried again on the next run."""
     external_url: HttpUrl | None = None
     """Base URL the webhook's link points to (``<external_url>/api/v1/reports/<id>``);
     ``alerting.external_url`` when unset."""

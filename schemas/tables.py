@@ -297,3 +297,18 @@ reports = Table(
     UniqueConstraint("week", "config_key"),
     Index(None, "start_ms"),
 )
+
+# The outcome of each delivery of a kept report, per channel (``webhook``, ``smtp``):
+# ``serve``'s report job retries an undelivered one on its next runs until ``attempts``
+# reaches ``reports.delivery_attempts``.  A new table (like ``reports``), so ``create_all``
+# adds it to an existing database without a version bump; an older tritonwatch ignores it.
+report_deliveries = Table(
+    "report_deliveries",
+    metadata,
+    Column("report_id", SeriesId, nullable=False),
+    Column("channel", Text, nullable=False),
+    Column("delivered", Boolean, nullable=False),
+    Column("attempts", Integer, nullable=False),
+    Column("last_attempt_ms", BigInteger, nullable=False),
+    PrimaryKeyConstraint("report_id", "channel"),
+)

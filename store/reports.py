@@ -37,6 +37,15 @@ class StoredReport(NamedTuple):
     summary: dict[str, Any]
 
 
+class PendingDelivery(NamedTuple):
+    """A kept report whose delivery on ``channel`` has not succeeded yet."""
+
+    report_id: int
+    week: str
+    channel: str
+    attempts: int
+
+
 class ReportStore:
     def __init__(self, store: Store) -> None:
         self._store = store
@@ -79,6 +88,48 @@ class ReportStore:
         with self._db("read reports"), transaction(self._engine, write=False) as conn:
             return conn.execute(select(r.c.id).where(
                 r.c.week == week, r.c.config_key == config_key)).first() is not None
+
+    def kept_weeks(self, config_key: str) -> set[str]:
+        """The weeks kept for this configuration."""
+        r = t.reports
+        with self._db("read reports"), transaction(self._engine, write=False) as conn:
+            return set(conn.execute(select(r.c.week).where(
+                r.c.config_key == config_key)).scalars())
+
+    def record_delivery(self, report_id: int, channel: str, delivered: bool,
+                        at: float) -> int:
+        """Count one delivery attempt of a report on a channel; the attempts so far."""
+        d = t.report_deliveries
+        with self._db("store report delivery"), transaction(self._engine, write=True) as conn:
+            stmt = dialect_insert(conn, d).values(
+                report_id=report_id, channel=channel, delivered=delivered, attempts=1,
+                last_attempt_ms=round(at * 1000))
+            stmt = stmt.on_conflict_do_update(
+                index_elements=[d.c.report_id, d.c.channel],
+                set_={"delivered": delivered, "attempts": d.c.attempts + 1,
+                      "last_attempt_ms": round(at * 1000)})
+            attempts: int = conn.execute(stmt.returning(d.c.attempts)).scalar_one()
+        return attempts
+
+    def deliveries(self, report_id: int) -> dict[str, tuple[bool, int]]:
+        """``{channel: (delivered, attempts)}`` of one report."""
+        d = t.report_deliveries
+        with self._db("read report deliveries"), transaction(self._engine, write=False) as conn:
+            rows = conn.execute(select(d.c.channel, d.c.delivered, d.c.attempts).where(
+                d.c.report_id == report_id)).all()
+        return {x.channel: (bool(x.delivered), int(x.attempts)) for x in rows}
+
+    def pending_deliveries(self, max_attempts: int, limit: int = 100) -> list[PendingDelivery]:
+        """Undelivered reports with fewer than ``max_attempts`` attempts, oldest week first."""
+        r, d = t.reports, t.report_deliveries
+        stmt = (select(d.c.report_id, r.c.week, d.c.channel, d.c.attempts)
+                .join(r, r.c.id == d.c.report_id)
+                .where(d.c.delivered.is_(False), d.c.attempts < max_attempts)
+                .order_by(r.c.start_ms, d.c.report_id, d.c.channel).limit(limit))
+        with self._db("read report deliveries"), transaction(self._engine, write=False) as conn:
+            rows = conn.execute(stmt).all()
+        return [PendingDelivery(int(x.report_id), x.week, x.channel, int(x.attempts))
+                for x in rows]
 
     def list(self, *, week: str | None = None, limit: int = 100) -> list[StoredReport]:
         """Kept reports, newest week first."""

@@ -2,8 +2,10 @@
 
 Both are optional (``reports.webhook``, ``reports.smtp``) and neither can fail the report: it
 is kept before delivery starts, and a failed delivery is logged (the webhook URL redacted, no
-credential ever) and returns False.  The webhook is retried on 5xx, 429 and transport errors
-(``WEBHOOK_ATTEMPTS`` with a doubling pause), as the alert notifiers classify them.
+credential ever) and returns False; the report job records the outcome in the store and
+retries it on its next run (``alerts.report.job``), from the kept JSON document.  Within one
+run the webhook is retried on 5xx, 429 and transport errors (``WEBHOOK_ATTEMPTS`` with a
+doubling pause), as the alert notifiers classify them.
 SMTP credentials come from the environment variables ``reports.smtp.user_env`` /
 ``password_env`` at send time, never from the file.
 """
@@ -15,6 +17,7 @@ import os
 import smtplib
 import ssl
 import time
+from collections.abc import Mapping
 from email.message import EmailMessage
 from typing import Any
 
@@ -41,9 +44,15 @@ def report_link(base: str | None, report_id: int) -> str | None:
     return None if base is None else f"{base.rstrip('/')}/api/v1/reports/{report_id}"
 
 
-def webhook_payload(report: Report, report_id: int, link: str | None) -> dict[str, Any]:
+def _data(report: Report | Mapping[str, Any]) -> Mapping[str, Any]:
+    # A kept report is retried from its stored JSON document, which is ``to_json``'s.
+    return to_json(report) if isinstance(report, Report) else report
+
+
+def webhook_payload(report: Report | Mapping[str, Any], report_id: int,
+                    link: str | None) -> dict[str, Any]:
     """What the webhook gets: the summary, each SLO's headline numbers and the link."""
-    data = to_json(report)
+    data = _data(report)
     return {
         "kind": "tritonwatch.weekly_report", "id": report_id, "week": data["week"],
         "timezone": data["timezone"], "start": data["start"], "end": data["end"],
@@ -77,11 +86,13 @@ def send_webhook(cfg: ReportWebhookConfig, payload: dict[str, Any], *,
     return False
 
 
-def email_message(cfg: SmtpConfig, report: Report, html: str, markdown: str) -> EmailMessage:
-    s = report.summary
+def email_message(cfg: SmtpConfig, report: Report | Mapping[str, Any], html: str,
+                  markdown: str) -> EmailMessage:
+    data = _data(report)
+    s = data["summary"]
     msg = EmailMessage()
-    msg["Subject"] = (f"SLO report {report.week}: {s.held} held, {s.at_risk} at risk, "
-                      f"{s.breached} breached")
+    msg["Subject"] = (f"SLO report {data['week']}: {s['held']} held, {s['at_risk']} at risk, "
+                      f"{s['breached']} breached")
     msg["From"] = cfg.sender
     msg["To"] = ", ".join(cfg.to)
     msg.set_content(markdown)
@@ -89,7 +100,8 @@ def email_message(cfg: SmtpConfig, report: Report, html: str, markdown: str) -> 
     return msg
 
 
-def send_email(cfg: SmtpConfig, report: Report, html: str, markdown: str) -> bool:
+def send_email(cfg: SmtpConfig, report: Report | Mapping[str, Any], html: str,
+               markdown: str) -> bool:
     user = os.environ.get(cfg.user_env) or None
     password = os.environ.get(cfg.password_env) or ""
     secrets = [x for x in (user, password) if x]
@@ -112,5 +124,6 @@ def send_email(cfg: SmtpConfig, report: Report, html: str, markdown: str) -> boo
         reason = scrub(str(exc) or type(exc).__name__, secrets)
         log.error("report e-mail via %s failed, not delivered: %s", where, reason)
         return False
-    log.info("report %s e-mailed via %s to %d recipient(s)", report.week, where, len(cfg.to))
+    log.info("report %s e-mailed via %s to %d recipient(s)", _data(report)["week"], where,
+             len(cfg.to))
     return True

@@ -1,10 +1,14 @@
 """The weekly report job inside ``serve`` (APScheduler cron, ``reports.day``/``hour`` in
 ``reports.timezone``), and the catch-up of a week missed while the service was down.
 
-``ReportJob.run_once(now)`` produces the *latest due* week: the last complete week once its
-scheduled time has passed, else the week before.  It does nothing when that week is kept for
-this configuration already (the store's unique key, see ``produce``), so a restart, a second
-``serve`` or a fire after a catch-up never produce a week twice.  At start-up ``install``
+``ReportJob.run_once(now)`` produces every *due* week not kept yet, oldest first: the latest
+due week (the last complete week once its scheduled time has passed, else the week before) and
+the weeks before it missed while the service was down, back ``reports.catch_up_weeks`` weeks
+and never before the first week kept for this configuration.  A week kept already is skipped
+(the store's unique key, see ``produce``), so a restart, a second ``serve`` or a fire after a
+catch-up never produce a week twice.  Each delivery's outcome is kept in the store
+(``report_deliveries``); a failed one is tried again at the start of the next run, until
+``reports.delivery_attempts`` attempts.  At start-up ``install``
 runs it once (the catch-up), then at every scheduled time.  Time comes from the injected
 ``clock``.  Jobs run in a worker thread (the store and the delivery block); a failure reaches
 the scheduler's job listener, which logs and counts it, and never stops the scheduler.
@@ -13,10 +17,12 @@ the scheduler's job listener, which logs and counts it, and never stops the sche
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
+from typing import Any
 from zoneinfo import ZoneInfo
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
@@ -28,10 +34,12 @@ from tritonwatch.alerts.report.deliver import (
     send_webhook,
     webhook_payload,
 )
-from tritonwatch.alerts.report.produce import Produced, produce, slo_specs
+from tritonwatch.alerts.report.model import Report
+from tritonwatch.alerts.report.produce import Produced, config_key, produce, slo_specs
 from tritonwatch.alerts.report.weeks import Week
 from tritonwatch.schemas.config import Config
 from tritonwatch.store import Store
+from tritonwatch.store.reports import ReportStore
 
 log = logging.getLogger(__name__)
 
@@ -53,32 +61,94 @@ class ReportJob:
         week = Week.last_complete(now, rep.timezone)
         return week if now >= week.scheduled_at(rep.day, rep.hour) else week.shift(-1)
 
+    def due_weeks(self, now: float) -> list[Week]:
+        """The weeks to produce now, oldest first: the latest due week and those before it,
+        back ``reports.catch_up_weeks`` weeks, that are not kept for this configuration —
+        none older than the first week kept for it (with none kept: the latest only)."""
+        rep = self.config.reports
+        latest = self.latest_due(now)
+        kept = ReportStore(self.store).kept_weeks(config_key(self.config, self.specs))
+        if not kept:
+            return [latest]
+        # ISO week names ("2026-W43") sort as the weeks do.
+        first = min(kept)
+        weeks = [latest.shift(-i) for i in range(rep.catch_up_weeks - 1, -1, -1)]
+        return [w for w in weeks if w.name not in kept and w.name > first]
+
     def run_once(self, now: float | None = None) -> Produced | None:
-        """Produce and deliver the latest due week unless it is kept already."""
+        """Retry the deliveries that failed before, then produce and deliver every due week
+        not kept yet (``due_weeks``); the newest week produced, or None."""
         now = self.clock() if now is None else now
-        week = self.latest_due(now)
+        self.retry_deliveries(now)
+        weeks = self.due_weeks(now)
+        if not weeks:
+            return None
         try:
             self.store.flush()  # the report reads flushed samples only
         except ConnectionError as exc:
             log.warning("report %s: flush before the report failed, going on: %s",
-                        week.name, exc)
-        produced = produce(self.store, self.config, week, specs=self.specs, now=now)
-        if produced is not None:
-            self.deliver(produced)
-        return produced
+                        weeks[-1].name, exc)
+        made = None
+        for week in weeks:
+            produced = produce(self.store, self.config, week, specs=self.specs, now=now)
+            if produced is not None:
+                self.deliver(produced, now)
+                made = produced
+        return made
 
-    def deliver(self, produced: Produced) -> None:
+    def _channels(self) -> list[str]:
         rep = self.config.reports
-        week = produced.report.week
-        if rep.webhook is not None:
+        return [c for c, cfg in (("webhook", rep.webhook), ("smtp", rep.smtp))
+                if cfg is not None]
+
+    def _send(self, channel: str, report_id: int, data: Mapping[str, Any] | Report,
+              html: str, markdown: str) -> bool:
+        rep = self.config.reports
+        if channel == "webhook":
+            assert rep.webhook is not None
             base = rep.external_url or self.config.alerting.external_url
-            payload = webhook_payload(produced.report, produced.id,
-                                      report_link(base, produced.id))
-            self.delivered.append((week, "webhook", send_webhook(rep.webhook, payload)))
-        if rep.smtp is not None:
-            ok = send_email(rep.smtp, produced.report, produced.documents["html"],
+            payload = webhook_payload(data, report_id, report_link(base, report_id))
+            return send_webhook(rep.webhook, payload)
+        assert rep.smtp is not None
+        return send_email(rep.smtp, data, html, markdown)
+
+    def deliver(self, produced: Produced, now: float | None = None) -> None:
+        now = self.clock() if now is None else now
+        reports = ReportStore(self.store)
+        for channel in self._channels():
+            ok = self._send(channel, produced.id, produced.report, produced.documents["html"],
                             produced.documents["md"])
-            self.delivered.append((week, "smtp", ok))
+            self.delivered.append((produced.report.week, channel, ok))
+            attempts = reports.record_delivery(produced.id, channel, ok, now)
+            if not ok:
+                log.warning("report %s: %s delivery failed (attempt %d of %d), tried again "
+                            "on the next run", produced.report.week, channel, attempts,
+                            self.config.reports.delivery_attempts)
+
+    def retry_deliveries(self, now: float) -> None:
+        """Deliver again each kept report whose delivery failed, on the channels still
+        configured, until ``reports.delivery_attempts`` attempts were made."""
+        reports = ReportStore(self.store)
+        limit = self.config.reports.delivery_attempts
+        channels = self._channels()
+        for pending in reports.pending_deliveries(limit):
+            if pending.channel not in channels:
+                continue
+            docs = {fmt: reports.document(pending.report_id, fmt)
+                    for fmt in ("json", "html", "md")}
+            if any(d is None for d in docs.values()):
+                continue  # the report is gone
+            data = json.loads(docs["json"] or "{}")
+            ok = self._send(pending.channel, pending.report_id, data, docs["html"] or "",
+                            docs["md"] or "")
+            self.delivered.append((pending.week, pending.channel, ok))
+            attempts = reports.record_delivery(pending.report_id, pending.channel, ok, now)
+            if ok:
+                log.info("report %s: %s delivered on attempt %d", pending.week,
+                         pending.channel, attempts)
+            elif attempts >= limit:
+                log.error("report %s: %s delivery failed %d times, given up", pending.week,
+                          pending.channel, attempts)
 
     async def run(self) -> None:
         await asyncio.to_thread(self.run_once)

@@ -1,5 +1,5 @@
 """Alerts: active and history, ours and those received from Alertmanager, with their
-annotations; filters by severity, model and rule."""
+annotations; filters by severity, model and rule (and the sidebar's target and model)."""
 
 from __future__ import annotations
 
@@ -67,6 +67,9 @@ def _filter(df: pd.DataFrame) -> pd.DataFrame:
         keep &= df["model"].isin(models)
     if sel.model and not models:
         keep &= df["model"].isin([sel.model, ""])
+    if sel.target:
+        # The sidebar's target (a Fleet row's link); alerts about no target stay in view.
+        keep &= df["target"].isin([sel.target, ""])
     if rules:
         keep &= df["rule"].isin(rules)
     return df[keep]

@@ -21,7 +21,13 @@ if health.empty:
 else:
     down = health[~health["up"]]
     st.caption(f"{len(health) - len(down)} of {len(health)} sources up")
-    st.dataframe(health.drop(columns="up"), hide_index=True, width="stretch", key="fleet_health")
+    st.dataframe(health.drop(columns="up"), hide_index=True, width="stretch", key="fleet_health",
+                 column_config={
+                     "models": st.column_config.LinkColumn("models",
+                                                           display_text="its models"),
+                     "alerts": st.column_config.LinkColumn("alerts",
+                                                           display_text="its alerts"),
+                 })
 
 window = min(sel.span, 900.0)
 st.subheader(f"Models — last {window / 60:.0f} min, change against the same time a week ago")

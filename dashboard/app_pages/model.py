@@ -30,7 +30,10 @@ st.header("Model")
 inventory = loaders.inventory(sel.url)
 if sel.model is None:
     st.info("Choose a model in the sidebar (or open one from the Fleet page).")
-    st.dataframe(inventory, hide_index=True, key="model_inventory")
+    if sel.target is not None:
+        st.caption(f"Models served by {sel.target}:")
+    listed = inventory if sel.target is None else inventory[inventory["target"] == sel.target]
+    st.dataframe(listed, hide_index=True, key="model_inventory")
     st.stop()
 model = sel.model
 targets = sorted(set(inventory[inventory["model"] == model]["target"]))

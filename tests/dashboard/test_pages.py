@@ -4,6 +4,7 @@ the values the pages show against what the store and the alert layer hold."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -147,6 +148,79 @@ def test_gpus_page_works_from_tritons_nv_gpu_series_alone(rig_store, monkeypatch
     assert row["power W"] == pytest.approx(180.5)
     assert "temperature °C" not in now.columns  # NVML only
     assert any("Needs NVML" in t for t in texts(at))
+
+
+def marker_rules(at: AppTest) -> list[int]:
+    """Per Altair chart on the page, how many deploy-marker layers (dashed grey rules) it has."""
+    out = []
+    for chart in at.get("vega_lite_chart"):
+        spec = json.loads(chart.proto.spec)
+        out.append(sum(1 for layer in spec.get("layer", [spec])
+                       if isinstance(layer.get("mark"), dict)
+                       and layer["mark"].get("type") == "rule"
+                       and layer["mark"].get("strokeDash") == [4, 3]))
+    return out
+
+
+def test_llm_page_draws_the_chosen_models_deploy_markers_on_every_chart(rig_store,
+                                                                         monkeypatch):
+    at = run_page(monkeypatch, rig_store.config, "llm", model="fake_llm", range="15 min")
+    markers = frame(at, "what")
+    reloads = markers[markers["what"] == "reload"]
+    assert len(reloads) == 1
+    stamp = pd.Timestamp(reloads.iloc[0]["time (UTC)"].removesuffix(" UTC"), tz="UTC")
+    assert abs(stamp.timestamp() - rig_store.info["restart_at"]) < 60
+    rules = marker_rules(at)
+    # KV cache, free blocks, reuse, in-flight fill, requests, tokens: each with the markers.
+    assert len(rules) >= 5 and all(r == 1 for r in rules), rules
+    # Without a model chosen, no markers (they belong to one model).
+    at = run_page(monkeypatch, rig_store.config, "llm", range="15 min")
+    assert marker_rules(at) and all(r == 0 for r in marker_rules(at))
+    assert "what" not in {c for d in at.dataframe for c in d.value.columns}
+
+
+def test_fleet_target_rows_link_to_the_target_filtered_pages(rig_store, monkeypatch):
+    at = run_page(monkeypatch, rig_store.config)
+    health = frame(at, "last error").set_index("source")
+    rig = health[health["target"] == "rig"].iloc[0]
+    assert (rig["models"], rig["alerts"]) == ("/model?target=rig", "/alerts?target=rig")
+    gone = health[health["target"] == "gone"].iloc[0]
+    assert gone["alerts"] == "/alerts?target=gone"
+    unfiltered = frame(run_page(monkeypatch, rig_store.config, "alerts", range="15 min"),
+                       "since (UTC)")
+    assert "gone" in set(unfiltered["target"])
+
+    # Following the link: ?target= preselects the sidebar's target, and the page filters.
+    monkeypatch.setenv(CONFIG_ENV, str(rig_store.config))
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.query_params["target"] = "gone"
+    at.run()
+    at.switch_page("app_pages/alerts.py")
+    at.sidebar.selectbox(key="sb_range").set_value("15 min")
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.sidebar.selectbox(key="sb_target").value == "gone"
+    active = frame(at, "since (UTC)")
+    assert "TargetDown" in set(active["alert"])
+    assert set(active["target"]) <= {"gone", ""}
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.query_params["target"] = "rig"
+    at.run()
+    at.switch_page("app_pages/alerts.py")
+    at.sidebar.selectbox(key="sb_range").set_value("15 min")
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    # The other target's TargetDown is filtered out of the active and history tables.
+    assert "gone" not in set(frame(at, "since (UTC)")["target"])
+    assert "gone" not in set(frame(at, "time (UTC)")["target"])
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.query_params["target"] = "rig"
+    at.run()
+    at.switch_page("app_pages/model.py")
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert set(frame(at, "model")["target"]) == {"rig"}
+    assert "Models served by rig:" in texts(at)
 
 
 def test_alerts_page_lists_ours_and_alertmanagers_with_filters(rig_store, monkeypatch):

@@ -5,6 +5,7 @@ ModelNotReady; loading it again resolves it; the readiness SLO counts the readin
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from pathlib import Path
 
@@ -107,3 +108,87 @@ def test_readiness_samples_skip_models_never_loaded() -> None:
             {"model": "b", "version": "2", "state": "UNAVAILABLE",
              "reason": "unloaded\\n\\x1b[31m"}), 1.0),
     )
+
+
+def test_expected_models_never_loaded_fire_model_not_ready_until_loaded(
+    tmp_path: Path, store: Store
+):
+    # EXPLICIT mode with only batcher loaded: fake_llm is in the repository and never loaded
+    # (the index lists it without a version), "ghost" is not in the repository at all.
+    rig = TritonRig(workdir=tmp_path / "rig",
+                    extra_args=("--model-control-mode=explicit", "--load-model=batcher"))
+    rig.models = ["batcher"]  # start-up waits for the models it loads, and fake_llm is not
+    with rig, httpx.Client(base_url=rig.http_url, timeout=60) as triton:
+        listed = {m["name"]: m for m in triton.post("/v2/repository/index").json()}
+        assert "version" not in listed["fake_llm"] or not listed["fake_llm"]["version"]
+        assert "ghost" not in listed
+        config = Config.model_validate({
+            "targets": [{"name": "rig", "metrics_url": rig.metrics_url,
+                         "http_url": rig.http_url,
+                         "expected_models": ["batcher", "fake_llm", "ghost"]}],
+            "nvml": {"enabled": False}})
+        now = [time.time()]
+        collector = Collector(config, store, clock=lambda: now[0])
+        engine = Engine([ModelNotReadyRule(for_s=0.0)], store, eval_interval=15,
+                        clock=lambda: now[0])
+
+        def reading() -> list[str]:
+            now[0] += 15.0
+            asyncio.run(collector.read_api("rig"))
+            store.flush()
+            return sorted(f"{e.status} {dict(e.labels)['model']}"
+                          for e in engine.evaluate(now[0]))
+
+        assert reading() == ["firing fake_llm", "firing ghost"]
+        assert latest(collector, "triton_model_ready", "batcher") == [1.0]
+        assert latest(collector, "triton_model_ready", "fake_llm") == [0.0]
+        assert latest(collector, "triton_model_ready", "ghost") == [0.0]
+        firing = {dict(s.labels)["model"]: s for s in engine.states() if s.status == "firing"}
+        assert dict(firing["ghost"].labels) == {
+            "alertname": "ModelNotReady", "target": "rig", "model": "ghost", "version": "",
+            "severity": "critical"}
+        ghost, llm = dict(firing["ghost"].annotations), dict(firing["fake_llm"].annotations)
+        assert (ghost["state"], ghost["reason"]) == ("ABSENT", "not loaded")
+        assert llm["reason"] == "not loaded"
+        assert llm["summary"].startswith("model fake_llm on rig is expected and not loaded")
+
+        assert triton.post("/v2/repository/models/fake_llm/load").status_code == 200
+        assert triton.get("/v2/models/fake_llm/ready").status_code == 200
+        assert reading() == ["resolved fake_llm"]
+        assert latest(collector, "triton_model_ready", "fake_llm") == [1.0]
+        # ghost stays firing: it is still expected and still absent.
+        assert [dict(s.labels)["model"] for s in engine.states()
+                if s.status == "firing"] == ["ghost"]
+        asyncio.run(collector.close())
+
+
+def test_readiness_samples_report_expected_models_not_loaded() -> None:
+    index = [
+        {"name": "a", "version": "1", "state": "READY"},
+        {"name": "c"},  # EXPLICIT mode: never loaded
+        {"name": "d", "state": "UNAVAILABLE"},  # listed unavailable without a version
+        {"name": "e", "version": "3", "state": "UNAVAILABLE", "reason": "unloaded"},
+    ]
+    samples = readiness_samples(True, True, index, expected=("a", "c", "d", "e", "z"))
+    ready = {dict(s.labels)["model"]: (dict(s.labels)["version"], s.value)
+             for s in samples if s.name == "triton_model_ready"}
+    assert ready == {"a": ("1", 1.0), "c": ("", 0.0), "d": ("", 0.0), "e": ("3", 0.0),
+                     "z": ("", 0.0)}
+    reasons = {dict(s.labels)["model"]: (dict(s.labels)["state"], dict(s.labels)["reason"])
+               for s in samples if s.name == "triton_model_ready_reason"}
+    # e keeps Triton's own reason: it has a version, so its versioned series speaks for it.
+    assert reasons == {"c": ("ABSENT", "not loaded"), "d": ("UNAVAILABLE", "not loaded"),
+                       "e": ("UNAVAILABLE", "unloaded"), "z": ("ABSENT", "not loaded")}
+
+
+@pytest.mark.parametrize(("target", "message"), [
+    ({"expected_models": ["m"]}, "expected_models needs http_url or grpc_url"),
+    ({"http_url": "http://h:8000", "expected_models": ["m", "m"]}, "'m' is listed twice"),
+    ({"http_url": "http://h:8000", "expected_models": [""]}, "expected_models[0]"),
+])
+def test_expected_models_bad_config_names_the_key(target: dict[str, object], message: str
+                                                  ) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)) as info:
+        Config.model_validate({"targets": [{"name": "t", "metrics_url": "http://h:8002/m",
+                                            **target}]})
+    assert "targets.0" in str(info.value)

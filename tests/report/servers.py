@@ -19,6 +19,7 @@ from tests.fixtures_http import free_port
 class Hook(ThreadingHTTPServer):
     def __init__(self, statuses: list[int]) -> None:
         self.received: list[dict[str, Any]] = []
+        self.posts = 0  # every POST, answered with any status
         self.headers_seen: list[dict[str, str]] = []
         self.statuses = statuses  # answered in turn, the last one repeated
         super().__init__(("127.0.0.1", 0), _HookHandler)
@@ -36,6 +37,7 @@ class _HookHandler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        self.server.posts += 1
         status = self.server.statuses.pop(0) if len(self.server.statuses) > 1 \
             else self.server.statuses[0]
         if status == 200:

@@ -125,3 +125,26 @@ def test_bad_report_settings_are_refused_with_their_key_path(data, error) -> Non
     with pytest.raises(ConfigError) as err:
         validate_config({"reports": data})
     assert any(line.startswith(error) for line in err.value.errors), err.value.errors
+
+
+def test_delivery_outcomes_live_in_a_table_added_to_an_existing_database(store: Store) -> None:
+    from sqlalchemy import text
+
+    from tritonwatch.store.reports import ReportStore
+
+    # A database made before report_deliveries existed: create_schema adds it, nothing lost.
+    with store.sql_engine.begin() as conn:
+        conn.execute(text("DROP TABLE report_deliveries"))
+    reports = ReportStore(store)
+    kept = reports.insert(week="2026-W40", config_key="k", timezone="UTC", start=0, end=1,
+                          created_at=1, summary={"held": 1},
+                          documents={"json": "{}", "html": "<p>", "md": "#"})
+    assert kept is not None
+    store.create_schema()
+    assert reports.record_delivery(kept, "webhook", False, 10.0) == 1
+    assert reports.record_delivery(kept, "smtp", True, 10.0) == 1
+    assert [p.channel for p in reports.pending_deliveries(3)] == ["webhook"]
+    assert reports.record_delivery(kept, "webhook", False, 20.0) == 2
+    assert reports.pending_deliveries(2) == []
+    assert reports.deliveries(kept) == {"webhook": (False, 2), "smtp": (True, 1)}
+    assert [r.week for r in reports.list()] == ["2026-W40"]

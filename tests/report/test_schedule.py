@@ -145,3 +145,96 @@ def test_serve_catches_up_once_and_a_second_serve_does_not_again(tmp_path: Path)
         assert [m["week"] for m in hook.received] == [expected]
         assert Week.parse(expected, syn.TZ).end <= time.time()
         assert (tmp_path / "reports" / f"{expected}.html").exists()
+
+
+def _keep(store: Store, job: ReportJob, week: str) -> None:
+    ReportStore(store).insert(week=week, config_key=_key(job), timezone=syn.TZ, start=0, end=1,
+                              created_at=1, summary={},
+                              documents={"json": "", "html": "", "md": ""})
+
+
+def test_every_missed_week_is_caught_up_oldest_first_once(filled: Store,
+                                                          tmp_path: Path) -> None:
+    with webhook_server() as hook:
+        config = syn.config(out_dir=str(tmp_path), webhook={"url": hook.url})
+        # W38 was the last week produced; the service was down from then until Wednesday
+        # of W44: W39 .. W43 were missed, and catch_up_weeks (4) bounds it to W40 .. W43.
+        restart = local(2026, 10, 28, 9)
+        job = ReportJob(filled, config, clock=lambda: restart)
+        job.specs = syn.SLOS
+        _keep(filled, job, "2026-W38")
+        assert [w.name for w in job.due_weeks(restart)] == [
+            "2026-W40", "2026-W41", "2026-W42", "2026-W43"]
+        made = job.run_once()
+        assert made is not None and made.report.week == "2026-W43"
+        assert [m["week"] for m in hook.received] == [
+            "2026-W40", "2026-W41", "2026-W42", "2026-W43"]
+        # A second serve on the same store, later the same day: nothing again.
+        again = ReportJob(filled, config, clock=lambda: restart + 3600)
+        again.specs = syn.SLOS
+        assert again.due_weeks(restart + 3600) == [] and again.run_once() is None
+        assert len(hook.received) == 4
+    weeks = [r.week for r in ReportStore(filled).list()]
+    assert weeks == ["2026-W43", "2026-W42", "2026-W41", "2026-W40", "2026-W38"]
+    for week in ("2026-W40", "2026-W43"):
+        assert (tmp_path / f"{week}.html").exists()
+
+
+def test_the_catch_up_is_bounded_and_starts_at_the_latest_week_without_history(
+    filled: Store, tmp_path: Path
+) -> None:
+    restart = local(2026, 10, 28, 9)
+    job = ReportJob(filled, syn.config(out_dir=str(tmp_path), catch_up_weeks=2),
+                    clock=lambda: restart)
+    job.specs = syn.SLOS
+    # Nothing kept for this configuration (a new install): only the latest due week.
+    assert [w.name for w in job.due_weeks(restart)] == ["2026-W43"]
+    _keep(filled, job, "2026-W30")
+    assert [w.name for w in job.due_weeks(restart)] == ["2026-W42", "2026-W43"]
+
+
+def test_a_failed_webhook_delivery_is_kept_and_retried_on_the_next_run(
+    filled: Store, tmp_path: Path
+) -> None:
+    # The hook answers 400 (not retried within a run), then 200.
+    with webhook_server([400, 200]) as hook:
+        config = syn.config(out_dir=str(tmp_path), webhook={"url": hook.url})
+        now = [local(2026, 10, 26, 8, 0)]  # Monday 08:00: W43 is due
+        job = ReportJob(filled, config, clock=lambda: now[0])
+        job.specs = syn.SLOS
+        made = job.run_once()
+        assert made is not None and made.report.week == "2026-W43"
+        assert hook.posts == 1 and hook.received == []
+        reports = ReportStore(filled)
+        assert reports.deliveries(made.id) == {"webhook": (False, 1)}
+        # A restart an hour later (a new process) retries it from the store.
+        now[0] += 3600
+        restarted = ReportJob(filled, config, clock=lambda: now[0])
+        restarted.specs = syn.SLOS
+        assert restarted.run_once() is None  # no new week
+        assert [m["week"] for m in hook.received] == ["2026-W43"]
+        assert hook.received[0]["id"] == made.id
+        assert hook.received[0]["summary"]["postmortems"] == 1
+        assert reports.deliveries(made.id) == {"webhook": (True, 2)}
+        assert restarted.delivered == [("2026-W43", "webhook", True)]
+        # Delivered: never sent again.
+        now[0] += 3600
+        assert restarted.run_once() is None and hook.posts == 2
+
+
+def test_an_undelivered_report_is_given_up_after_delivery_attempts(
+    filled: Store, tmp_path: Path
+) -> None:
+    with webhook_server([400]) as hook:
+        config = syn.config(out_dir=str(tmp_path), webhook={"url": hook.url},
+                            delivery_attempts=2)
+        now = [local(2026, 10, 26, 8, 0)]
+        job = ReportJob(filled, config, clock=lambda: now[0])
+        job.specs = syn.SLOS
+        made = job.run_once()
+        assert made is not None
+        for _ in range(3):  # the next scheduled runs
+            now[0] += 3600
+            job.run_once()
+        assert hook.posts == 2
+        assert ReportStore(filled).deliveries(made.id) == {"webhook": (False, 2)}
