@@ -81,7 +81,8 @@ def test_missing_fields_count_as_zero():
 
 def test_unreachable_api_is_a_clear_error(down_url):
     api = TritonApi("t9", http_url=down_url.removesuffix("/metrics"), grpc_url=None, timeout=1)
-    with pytest.raises(TritonApiError, match="Triton API of 't9': get_model_repository_index"):
+    # The first call of a reading is the server's health API (readiness is an SLI).
+    with pytest.raises(TritonApiError, match="Triton API of 't9': is_server_live: .*refused"):
         api.read_blocking(0.0)
 
 
@@ -106,6 +107,14 @@ class FakeClient:
         self.configs = configs
         self.stats = stats
         self.calls = []
+
+    def is_server_live(self, **kwargs):
+        self.calls.append("live")
+        return True
+
+    def is_server_ready(self, **kwargs):
+        self.calls.append("ready")
+        return True
 
     def get_model_repository_index(self, **kwargs):
         self.calls.append("index")
@@ -142,7 +151,7 @@ def test_explicit_mode_reads_only_ready_models_and_skips_one_unloaded_meanwhile(
     assert list(reading.configs) == ["batcher"] and list(reading.raw_configs) == ["batcher"]
     assert reading.configs["batcher"].max_batch_size == 16
     assert reading.stats.ts == 5.0 and reading.stats.families
-    assert client.calls == ["index", "config:batcher", "config:gone", "stats"]
+    assert client.calls == ["live", "ready", "index", "config:batcher", "config:gone", "stats"]
 
 
 @pytest.mark.triton
