@@ -82,7 +82,7 @@ def test_missing_fields_count_as_zero():
 def test_unreachable_api_is_a_clear_error(down_url):
     api = TritonApi("t9", http_url=down_url.removesuffix("/metrics"), grpc_url=None, timeout=1)
     # The first call of a reading is the server's health API (readiness is an SLI).
-    with pytest.raises(TritonApiError, match="Triton API of 't9': is_server_live: .*refused"):
+    with pytest.raises(TritonApiError, match=r"Triton API of 't9': is_server_live: .*refused"):
         api.read_blocking(0.0)
 
 
