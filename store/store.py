@@ -112,6 +112,7 @@ _VALUE = itemgetter(2)
 def open_store(
     url: str, *, batch_rows: int = 50_000, timeout_s: float = 10.0,
     statement_timeout_s: float = DEFAULT_STATEMENT_TIMEOUT_S, read_only: bool = False,
+    scratch: bool = False,
 ) -> Store:
     """Open the store at ``url``: ``sqlite:///path.db`` or ``postgresql://user:pw@host/db``.
 
@@ -119,11 +120,13 @@ def open_store(
     ``timeout_s`` bounds how long a statement waits for SQLite's write lock, or for a
     PostgreSQL connection (new or from the pool); ``statement_timeout_s`` is PostgreSQL's
     ``statement_timeout`` (``store.engine`` explains how a server that stops answering is
-    caught).  ``read_only``: the database refuses every write (the dashboard).  Raises
-    ValueError for an unsupported URL.
+    caught).  ``read_only``: the database refuses every write (the dashboard).  ``scratch``:
+    a throwaway SQLite file with no journal and no fsync (``replay``; lost on a crash).
+    Raises ValueError for an unsupported URL.
     """
     return Store(url, batch_rows=batch_rows, timeout_s=timeout_s,
-                 statement_timeout_s=statement_timeout_s, read_only=read_only)
+                 statement_timeout_s=statement_timeout_s, read_only=read_only,
+                 scratch=scratch)
 
 
 class Pending(NamedTuple):
@@ -155,7 +158,7 @@ class Store:
     def __init__(
         self, url: str, *, batch_rows: int = 50_000, timeout_s: float = 10.0,
         statement_timeout_s: float = DEFAULT_STATEMENT_TIMEOUT_S,
-        read_only: bool = False,
+        read_only: bool = False, scratch: bool = False,
     ) -> None:
         if batch_rows < 1:
             raise ValueError(f"batch_rows must be at least 1, got {batch_rows!r}")
@@ -164,7 +167,7 @@ class Store:
         self.url_redacted = redact(parsed)
         self._engine = build_engine(
             parsed, timeout_s=timeout_s, statement_timeout_s=statement_timeout_s,
-            read_only=read_only,
+            read_only=read_only, scratch=scratch,
         )
         self._batch_rows = batch_rows
         self._max_rows = 10 * batch_rows
