@@ -589,7 +589,7 @@ def _summed_median(arrays: list[npt.NDArray[np.float64]]) -> float | None:
 
 
 #: Load histories shared by the regression rules of one rules file (see :class:`BaselineCache`).
-SharedLoads = dict[tuple[Any, ...], BucketHistory]
+SharedLoads = dict[tuple[Any, ...], BucketHistory | RecentBuckets]
 
 
 class BaselineCache:
@@ -616,10 +616,15 @@ class BaselineCache:
         self._shared_loads: SharedLoads = {} if loads is None else loads
         # The recent window: its buckets older than a grace are kept too (read once).
         self.recent = RecentBuckets(spec.series, step=spec.step, by=spec.by, match=spec.match)
-        self.recent_load = (
-            RecentBuckets(load_names(spec), step=spec.step, by=_LOAD_BY, how="sum")
-            if spec.load_series is not None else None
-        )
+        self.recent_load: RecentBuckets | None = None
+        if spec.load_series is not None:
+            # Shared too: rules with the same load and recent window read it once per ``now``.
+            key = ("recent", load_names(spec), spec.step, spec.recent_window)
+            shared = self._shared_loads.get(key)
+            if not isinstance(shared, RecentBuckets):
+                shared = self._shared_loads[key] = RecentBuckets(
+                    load_names(spec), step=spec.step, by=_LOAD_BY, how="sum")
+            self.recent_load = shared
         # Per kind, computed on first use after the histories changed (``_held``: the window
         # and both histories' generations they were computed for): every instance's baseline
         # count and median, instances' load medians, and the load history's rows per target.
@@ -659,7 +664,8 @@ class BaselineCache:
                 # first reads the new slice, the others find it there.
                 key = (load_names(spec), spec.step, kind, spec.recent_window,
                        spec.baseline_window, baseline_quantum(spec))
-                load = self._shared_loads.get(key)
+                found = self._shared_loads.get(key)
+                load = found if isinstance(found, BucketHistory) else None
                 if load is None:
                     load = self._shared_loads[key] = BucketHistory(
                         load_names(spec), step=spec.step, by=_LOAD_BY, how="sum")

@@ -248,9 +248,15 @@ class RecentBuckets:
         match: Mapping[str, str] | None = None,
     ) -> None:
         self.history = BucketHistory(name, step=step, by=by, how=how, match=match)
+        # The last read: several rules sharing this window at one ``now`` read it once.
+        self._last: tuple[object, float, float, tuple[F64, dict[GroupKey, F64]]] | None = None
 
     def read(self, store: Store, start: float, now: float) -> tuple[F64, dict[GroupKey, F64]]:
-        """Bucket starts and, per group, the bucket values (NaN: none) of the window."""
+        """Bucket starts and, per group, the bucket values (NaN: none) of the window; the
+        same objects again for the same ``store``, ``start`` and ``now`` (not to be changed)."""
+        last = self._last
+        if last is not None and last[0] is store and last[1] == start and last[2] == now:
+            return last[3]
         h = self.history
         step = h.step
         first = ceil_to(start, step)
@@ -267,4 +273,6 @@ class RecentBuckets:
         keep = stamps >= first
         keys, grid = join_columns(h.keys, h.rows, h.values, tail_keys, tail)
         keys, grid = drop_empty(keys, grid[:, keep])
-        return stamps[keep], dict(zip(keys, grid, strict=True))
+        out = stamps[keep], dict(zip(keys, grid, strict=True))
+        self._last = (store, start, now, out)
+        return out
