@@ -36,7 +36,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import psycopg
-from sqlalchemy import Engine, literal, select, tuple_
+from sqlalchemy import Connection, Engine, literal, select, tuple_
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from tritonwatch.schemas import tables as t
@@ -171,6 +171,12 @@ class Store:
         )
         self._batch_rows = batch_rows
         self._max_rows = 10 * batch_rows
+        # A scratch store has one writer, this object: the series a query selects change only
+        # when it creates series, so they are looked up once per (name, target, match) until
+        # it does (replay repeats the same queries at every evaluation).
+        self._series_memo: dict[tuple[Any, ...], list[tuple[int, SeriesKey]]] | None = (
+            {} if scratch else None)
+        self._series_gen = 0
         self._lock = threading.Lock()  # guards the buffer
         self._flush_lock = threading.Lock()  # one flush at a time; guards the series cache
         self._buffer: deque[_Chunk] = deque()
@@ -649,9 +655,30 @@ class Store:
                     conn, ordered[lo : lo + RESOLVE_SLICE], limits=self._series_limits
                 )
                 ids = resolve_series(conn, allowed, now_ms=round(time.time() * 1000))
+            self._series_gen += 1
+            if self._series_memo is not None:
+                self._series_memo.clear()
             resolved.update(ids)  # only once committed
             resolved.update(dict.fromkeys(refused, REFUSED))
         return resolved
+
+    def _find_series(
+        self, conn: Connection, *, name: str | None, target: str | None,
+        match: Mapping[str, str] | None, max_series: int | None = None,
+    ) -> list[tuple[int, SeriesKey]]:
+        memo = self._series_memo
+        if memo is None:
+            return query.find_series(conn, name=name, target=target, match=match,
+                                     max_series=max_series)
+        key = (name, target, tuple(sorted((match or {}).items())), max_series)
+        found = memo.get(key)
+        if found is None:
+            gen = self._series_gen
+            found = query.find_series(conn, name=name, target=target, match=match,
+                                      max_series=max_series)
+            if gen == self._series_gen:  # no series created meanwhile
+                memo[key] = found
+        return found
 
     def _expire_layouts(self, now: float) -> None:
         """Forget layouts resolved more than SERIES_CACHE_TTL_S ago, a few per flush.
@@ -901,7 +928,7 @@ class Store:
     ) -> list[SeriesKey]:
         """Known series, sorted; ``match`` is label equality (``""`` matches an absent label)."""
         with self._db("query series"), transaction(self._engine, write=False) as conn:
-            found = query.find_series(conn, name=name, target=target, match=match)
+            found = self._find_series(conn, name=name, target=target, match=match)
         return [key for _, key in found]
 
     def series_page(
@@ -989,7 +1016,7 @@ class Store:
         point."""
         lo, hi = _window(start, end)
         with self._db("query range"), transaction(self._engine, write=False) as conn:
-            found = query.find_series(conn, name=name, target=target, match=match)
+            found = self._find_series(conn, name=name, target=target, match=match)
             return query.raw_columns(conn, found, lo_ms=lo, hi_ms=hi)
 
     def increase(
@@ -1038,7 +1065,7 @@ class Store:
     ) -> list[tuple[SeriesKey, float, int, int]]:
         lo, hi = _window(start, end)
         with self._db("query increase"), transaction(self._engine, write=False) as conn:
-            found = query.find_series(conn, name=name, target=target, match=match)
+            found = self._find_series(conn, name=name, target=target, match=match)
             return query.increase(conn, found, lo_ms=lo, hi_ms=hi)
 
     def buckets(
@@ -1085,7 +1112,7 @@ class Store:
         if not math.isfinite(step) or round(step * 1000) < 1:
             raise QueryError(f"step must be a positive number of seconds, got {step!r}")
         with self._db("query buckets"), transaction(self._engine, write=False) as conn:
-            found = query.find_series(conn, name=name, target=target, match=match,
+            found = self._find_series(conn, name=name, target=target, match=match,
                                       max_series=max_series)
             return query.bucket_columns(
                 conn,

@@ -85,3 +85,20 @@ def test_one_bad_recording_does_not_stop_the_others(tmp_path: Path, capsys: Any)
     assert "probes.jsonl:1" in captured.err
     assert json.loads(captured.out)["alerts"] is not None
     shutil.rmtree(bad)
+
+
+def test_scratch_store_sees_series_created_after_a_query(tmp_path: Path) -> None:
+    # Its series lookups are remembered between queries: a new series must still show.
+    from tritonwatch.schemas.samples import Sample, make_labels
+
+    with open_store(f"sqlite:///{tmp_path}/s.db", scratch=True) as store:
+        store.create_schema()
+        store.write("t", 1000.0, [Sample("x", make_labels({"m": "a"}), 1.0)])
+        store.flush()
+        assert [k.labels for k in store.series("x")] == [make_labels({"m": "a"})]
+        assert len(store.range_columns("x", start=900, end=1100).keys) == 1
+        store.write("t", 1010.0, [Sample("x", make_labels({"m": "b"}), 2.0)])
+        store.flush()
+        assert len(store.series("x")) == 2
+        cols = store.range_columns("x", start=900, end=1100)
+        assert sorted(cols.values.tolist()) == [1.0, 2.0]
