@@ -177,6 +177,8 @@ class Store:
         self._series_memo: dict[tuple[Any, ...], list[tuple[int, SeriesKey]]] | None = (
             {} if scratch else None)
         self._series_gen = 0
+        # Likewise the rollup watermarks, which only its own flushes and maintenance move.
+        self._marks_memo: dict[int, int] | None = None
         self._lock = threading.Lock()  # guards the buffer
         self._flush_lock = threading.Lock()  # one flush at a time; guards the series cache
         self._buffer: deque[_Chunk] = deque()
@@ -548,6 +550,7 @@ class Store:
             # lagging second writer) move it back in this same transaction, so they are rolled
             # up before raw retention may delete them.
             if lowest is not None:
+                self._marks_memo = None
                 maintenance.rewind_watermarks(conn, lowest)
         if refusals and self._on_refused is not None:
             for target, (series, samples) in refusals.items():
@@ -679,6 +682,21 @@ class Store:
             if gen == self._series_gen:  # no series created meanwhile
                 memo[key] = found
         return found
+
+    def _watermarks(self, conn: Connection) -> dict[int, int]:
+        if self._series_memo is None:
+            return maintenance.watermarks(conn)
+        marks = self._marks_memo
+        if marks is None:
+            marks = self._marks_memo = maintenance.watermarks(conn)
+        return marks
+
+    def _forget_scratch_memos(self) -> None:
+        # Maintenance moves watermarks and deletes series.
+        self._marks_memo = None
+        self._series_gen += 1
+        if self._series_memo is not None:
+            self._series_memo.clear()
 
     def _expire_layouts(self, now: float) -> None:
         """Forget layouts resolved more than SERIES_CACHE_TTL_S ago, a few per flush.
@@ -1121,7 +1139,7 @@ class Store:
                 hi_ms=hi,
                 step_ms=round(step * 1000),
                 agg=agg,
-                watermarks=maintenance.watermarks(conn),
+                watermarks=self._watermarks(conn),
                 max_samples=max_samples,
             )
 
@@ -1135,6 +1153,7 @@ class Store:
         counted in the result).  After :meth:`request_stop` it ends at the next batch
         boundary (``store.maintenance``, "Stopping").
         """
+        self._forget_scratch_memos()
         now_ms = round(now * 1000)
         stop = self._stopping.is_set
         t0 = time.perf_counter()
@@ -1181,6 +1200,7 @@ class Store:
         ``maintenance.apply_retention``).  After :meth:`request_stop` it ends at the next
         batch boundary.
         """
+        self._forget_scratch_memos()
         for setting, value in (
             ("raw_s", raw_s),
             ("rollup_5m_s", rollup_5m_s),

@@ -102,3 +102,30 @@ def test_scratch_store_sees_series_created_after_a_query(tmp_path: Path) -> None
         assert len(store.series("x")) == 2
         cols = store.range_columns("x", start=900, end=1100)
         assert sorted(cols.values.tolist()) == [1.0, 2.0]
+
+
+def test_scratch_store_answers_as_the_durable_one_across_rollups(tmp_path: Path) -> None:
+    # Its rollup watermarks are remembered too: maintenance must make it read them again.
+    from tritonwatch.schemas.samples import Sample, make_labels
+
+    answers = []
+    for scratch in (True, False):
+        with open_store(f"sqlite:///{tmp_path}/{scratch}.db", scratch=scratch) as store:
+            store.create_schema()
+            got = []
+            for i in range(0, 4 * 3600, 60):
+                store.write("t", 1_800_000_000.0 + i, [Sample("x", make_labels({}), float(i))])
+                if i % 3600 == 0:
+                    store.flush()
+                    got.append(store.bucket_columns("x", start=1_800_000_000.0,
+                                                    end=1_800_000_000.0 + i, step=300,
+                                                    agg="avg").values.tolist())
+                    store.rollup(1_800_000_000.0 + i + 7200)
+            store.flush()
+            store.rollup(1_800_000_000.0 + 6 * 3600)
+            got.append(store.bucket_columns("x", start=1_800_000_000.0,
+                                            end=1_800_000_000.0 + 4 * 3600, step=3600,
+                                            agg="avg").values.tolist())
+            answers.append(got)
+    assert answers[0] == answers[1]
+    assert len(answers[0][-1]) == 4
