@@ -16,8 +16,9 @@ one per ``gpu_uuid``, are averaged bucket by bucket) at evaluation time ``now``:
    utilization rise with the request rate, KV-cache use with requests in flight, latency near
    saturation.  So instead of refusing to judge when load moved (the old ±15 % guard, which
    refused for most of a ±30 % daily cycle's ramps), each baseline is a *model* of the series
-   against its ``load_series`` (the same target and model's request rate, summed over its
-   series; the whole target's for a GPU):
+   against its ``load_series`` (the same target and model's requests that arrived: successes
+   plus failures, since a failed request used the server too; summed over its series; the
+   whole target's for a GPU):
 
    ``log y = a + b * log x``, over the baseline's buckets, ``x`` smoothed over the recent
    window's length (the recent window is judged at its median load; smoothing also keeps the
@@ -309,6 +310,12 @@ def _window(points: Mapping[float, float], start: float, end: float) -> list[flo
     return [v for ts, v in points.items() if start <= ts < end]
 
 
+def load_names(spec: RegressionSpec) -> tuple[str, ...]:
+    """The series whose sum is ``spec``'s load (none: load not modelled)."""
+    ls = spec.load_series
+    return () if ls is None else (ls,) if isinstance(ls, str) else ls
+
+
 def _load_match(labels: Labels) -> dict[str, str]:
     return {k: v for k, v in labels if k in ("model", "version")}
 
@@ -582,7 +589,7 @@ def _summed_median(arrays: list[npt.NDArray[np.float64]]) -> float | None:
 
 
 #: Load histories shared by the regression rules of one rules file (see :class:`BaselineCache`).
-SharedLoads = dict[tuple[Any, ...], BucketHistory]
+SharedLoads = dict[tuple[Any, ...], BucketHistory | RecentBuckets]
 
 
 class BaselineCache:
@@ -609,10 +616,15 @@ class BaselineCache:
         self._shared_loads: SharedLoads = {} if loads is None else loads
         # The recent window: its buckets older than a grace are kept too (read once).
         self.recent = RecentBuckets(spec.series, step=spec.step, by=spec.by, match=spec.match)
-        self.recent_load = (
-            RecentBuckets(spec.load_series, step=spec.step, by=_LOAD_BY, how="sum")
-            if spec.load_series is not None else None
-        )
+        self.recent_load: RecentBuckets | None = None
+        if spec.load_series is not None:
+            # Shared too: rules with the same load and recent window read it once per ``now``.
+            key = ("recent", load_names(spec), spec.step, spec.recent_window)
+            shared = self._shared_loads.get(key)
+            if not isinstance(shared, RecentBuckets):
+                shared = self._shared_loads[key] = RecentBuckets(
+                    load_names(spec), step=spec.step, by=_LOAD_BY, how="sum")
+            self.recent_load = shared
         # Per kind, computed on first use after the histories changed (``_held``: the window
         # and both histories' generations they were computed for): every instance's baseline
         # count and median, instances' load medians, and the load history's rows per target.
@@ -650,12 +662,13 @@ class BaselineCache:
             if load is None:
                 # Rules sharing this key move it to the same window at the same ``now``: the
                 # first reads the new slice, the others find it there.
-                key = (spec.load_series, spec.step, kind, spec.recent_window,
+                key = (load_names(spec), spec.step, kind, spec.recent_window,
                        spec.baseline_window, baseline_quantum(spec))
-                load = self._shared_loads.get(key)
+                found = self._shared_loads.get(key)
+                load = found if isinstance(found, BucketHistory) else None
                 if load is None:
                     load = self._shared_loads[key] = BucketHistory(
-                        spec.load_series, step=spec.step, by=_LOAD_BY, how="sum")
+                        load_names(spec), step=spec.step, by=_LOAD_BY, how="sum")
                 self._load[kind] = load
             load.advance(store, lo, hi)
             load_gen = load.generation
@@ -958,7 +971,7 @@ def _related(
 ) -> list[Moved]:
     target, labels = key
     names = spec.related if spec.related is not None else DEFAULT_RELATED
-    skip = [spec.series] + ([spec.load_series] if spec.load_series else [])
+    skip = [spec.series, *load_names(spec)]
     return _moved(loader, target, _load_match(labels), (now - spec.recent_window,
                   now + spec.step), base_window, names, skip)
 

@@ -26,9 +26,10 @@ import numpy as np
 import numpy.typing as npt
 
 from tritonwatch.schemas.samples import Labels, make_labels
+from tritonwatch.store.values import SeriesColumns
 
 if TYPE_CHECKING:
-    from tritonwatch.store import SeriesColumns, Store
+    from tritonwatch.store import Store
 
 F64 = npt.NDArray[np.float64]
 GroupKey = tuple[str, Labels]  # target, by-labels
@@ -114,6 +115,24 @@ def join_columns(
     return joined, out
 
 
+def read_columns(
+    store: Store, names: Sequence[str], *, start: float, end: float, step: float,
+    match: Mapping[str, str] | None,
+) -> SeriesColumns:
+    """``avg`` buckets of every series of ``names`` as one set of columns: a load driver
+    made of several series (successes and failures) is grouped and summed like one."""
+    parts = [store.bucket_columns(n, start=start, end=end, step=step, agg="avg",
+                                  match=match or None) for n in names]
+    if len(parts) == 1:
+        return parts[0]
+    keys = [k for p in parts for k in p.keys]
+    sizes = np.concatenate([np.diff(p.bounds) for p in parts]) if keys else np.zeros(0, np.int64)
+    bounds = np.zeros(len(keys) + 1, np.int64)
+    np.cumsum(sizes, out=bounds[1:])
+    return SeriesColumns(keys, bounds, np.concatenate([p.ts for p in parts]),
+                         np.concatenate([p.values for p in parts]))
+
+
 def drop_empty(keys: list[GroupKey], grid: F64) -> tuple[list[GroupKey], F64]:
     """The groups (and rows) of ``grid`` with at least one value."""
     alive = np.asarray(~np.isnan(grid).all(axis=1))
@@ -123,7 +142,8 @@ def drop_empty(keys: list[GroupKey], grid: F64) -> tuple[list[GroupKey], F64]:
 
 
 class BucketHistory:
-    """``avg`` buckets of one series over a sliding ``[lo, hi)``, per group, read by slices.
+    """``avg`` buckets of one series (or of several, grouped together: ``name`` a tuple) over
+    a sliding ``[lo, hi)``, per group, read by slices.
 
     ``lo`` and ``hi`` are multiples of ``step``; moving them by whole quanta (the callers'
     windows) reads only the new slice.  The buckets are one 2-D array (a row per group, a
@@ -135,7 +155,7 @@ class BucketHistory:
 
     def __init__(
         self,
-        name: str,
+        name: str | tuple[str, ...],
         *,
         step: float,
         by: Sequence[str],
@@ -143,6 +163,7 @@ class BucketHistory:
         match: Mapping[str, str] | None = None,
     ) -> None:
         self.name = name
+        self.names: tuple[str, ...] = (name,) if isinstance(name, str) else name
         self.step = step
         self.by = tuple(by)
         self.how: Literal["mean", "sum"] = how
@@ -176,8 +197,8 @@ class BucketHistory:
         self.reads += 1
         # ``end`` is inclusive: stop 1 ms short so the bucket starting at ``b`` is not read
         # half-empty (it belongs to the next slice).
-        data = store.bucket_columns(self.name, start=a, end=b - 0.001, step=self.step,
-                                    agg="avg", match=self.match or None)
+        data = read_columns(store, self.names, start=a, end=b - 0.001, step=self.step,
+                            match=self.match)
         return group_grid(data, self.by, lo=a, n=n, step=self.step, how=self.how)
 
     def _hold(self, keys: list[GroupKey], values: F64) -> None:
@@ -219,7 +240,7 @@ class RecentBuckets:
 
     def __init__(
         self,
-        name: str,
+        name: str | tuple[str, ...],
         *,
         step: float,
         by: Sequence[str],
@@ -227,9 +248,15 @@ class RecentBuckets:
         match: Mapping[str, str] | None = None,
     ) -> None:
         self.history = BucketHistory(name, step=step, by=by, how=how, match=match)
+        # The last read: several rules sharing this window at one ``now`` read it once.
+        self._last: tuple[object, float, float, tuple[F64, dict[GroupKey, F64]]] | None = None
 
     def read(self, store: Store, start: float, now: float) -> tuple[F64, dict[GroupKey, F64]]:
-        """Bucket starts and, per group, the bucket values (NaN: none) of the window."""
+        """Bucket starts and, per group, the bucket values (NaN: none) of the window; the
+        same objects again for the same ``store``, ``start`` and ``now`` (not to be changed)."""
+        last = self._last
+        if last is not None and last[0] is store and last[1] == start and last[2] == now:
+            return last[3]
         h = self.history
         step = h.step
         first = ceil_to(start, step)
@@ -239,12 +266,13 @@ class RecentBuckets:
         n_hist = h._slots(lo, split)
         n_tail = h._slots(split, floor_to(now, step) + step)
         tail_keys, tail = group_grid(
-            store.bucket_columns(h.name, start=split, end=now, step=step, agg="avg",
-                                 match=h.match or None),
+            read_columns(store, h.names, start=split, end=now, step=step, match=h.match),
             h.by, lo=split, n=n_tail, step=step, how=h.how,
         ) if n_tail else ([], np.empty((0, 0)))
         stamps = lo + step * np.arange(n_hist + n_tail, dtype=float)
         keep = stamps >= first
         keys, grid = join_columns(h.keys, h.rows, h.values, tail_keys, tail)
         keys, grid = drop_empty(keys, grid[:, keep])
-        return stamps[keep], dict(zip(keys, grid, strict=True))
+        out = stamps[keep], dict(zip(keys, grid, strict=True))
+        self._last = (store, start, now, out)
+        return out

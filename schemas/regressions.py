@@ -119,10 +119,14 @@ class RegressionSpec(_Frozen):
     """Fewer bucket values than this in either window: no verdict."""
     min_baseline: float = Field(default=0.0, ge=0)
     """Skip when the baseline median (absolute) is at or below this (e.g. near-zero series)."""
-    load_series: str | None = "sli:request_rate"
-    """Series measuring load for the same target and model (summed over its series): the
-    baseline's model of ``series`` against it predicts the series at the recent load;
-    ``null``: no model, the recent median is compared with the baseline's as they are."""
+    load_series: str | tuple[str, ...] | None = ("sli:request_rate", "sli:failure_rate")
+    """Series measuring load for the same target and model (a name or a list of names, summed
+    over all their series): the baseline's model of ``series`` against it predicts the series
+    at the recent load; ``null``: no model, the recent median is compared with the baseline's
+    as they are.  The default is every request that arrived, successes and failures alike: a
+    failed request also took a queue slot, KV-cache blocks and GPU time, so successes alone
+    under-count load exactly when failures spike, and a KV cache or GPU then looks busier
+    "per request" than it is."""
     elasticity: tuple[float, float] | None = None
     """The range the load response may take: the slope of log ``series`` on log load (0: does
     not follow load; 1: proportional to it).  The fitted slope and its confidence interval

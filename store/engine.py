@@ -105,7 +105,7 @@ APPLICATION_NAME = "tritonwatch"
 
 def build_engine(
     url: URL, *, timeout_s: float, statement_timeout_s: float = DEFAULT_STATEMENT_TIMEOUT_S,
-    read_only: bool = False,
+    read_only: bool = False, scratch: bool = False,
 ) -> Engine:
     """An engine for ``url`` (from :func:`parse_url`) with the per-backend settings applied.
 
@@ -113,10 +113,14 @@ def build_engine(
     a connection from the pool; ``statement_timeout_s`` is PostgreSQL's ``statement_timeout``.
     ``read_only``: the database itself refuses writes on every connection (SQLite's
     ``query_only``, PostgreSQL's ``default_transaction_read_only``), for readers that must
-    never write, such as the dashboard.
+    never write, such as the dashboard.  ``scratch`` (SQLite only): a throwaway database that
+    one process writes and reads, then deletes (``replay``): no journal and no fsync, since
+    nothing in it has to survive a crash.
     """
     if url.get_backend_name() == "sqlite":
-        return _sqlite_engine(url, timeout_s=timeout_s, read_only=read_only)
+        return _sqlite_engine(url, timeout_s=timeout_s, read_only=read_only, scratch=scratch)
+    if scratch:
+        raise ValueError("a scratch store is SQLite only")
     connect_args = pg_connect_args(url, timeout_s=timeout_s,
                                    statement_timeout_s=statement_timeout_s)
     if read_only:
@@ -360,7 +364,9 @@ def _watchdog() -> _Watchdog:
 SQLITE_CACHED_STATEMENTS = 16
 
 
-def _sqlite_engine(url: URL, *, timeout_s: float, read_only: bool = False) -> Engine:
+def _sqlite_engine(
+    url: URL, *, timeout_s: float, read_only: bool = False, scratch: bool = False,
+) -> Engine:
     assert url.database is not None  # parse_url refused the others
     parent = os.path.dirname(os.path.abspath(url.database))
     os.makedirs(parent, exist_ok=True)
@@ -378,8 +384,12 @@ def _sqlite_engine(url: URL, *, timeout_s: float, read_only: bool = False) -> En
         try:
             # busy_timeout first: switching to WAL needs a lock another process may hold.
             cursor.execute(f"PRAGMA busy_timeout = {busy_ms:d}")
-            cursor.execute("PRAGMA journal_mode = WAL")
-            cursor.execute("PRAGMA synchronous = NORMAL")
+            if scratch:
+                cursor.execute("PRAGMA journal_mode = OFF")
+                cursor.execute("PRAGMA synchronous = OFF")
+            else:
+                cursor.execute("PRAGMA journal_mode = WAL")
+                cursor.execute("PRAGMA synchronous = NORMAL")
             if read_only:
                 cursor.execute("PRAGMA query_only = ON")
         finally:

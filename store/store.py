@@ -34,7 +34,7 @@ from types import TracebackType
 from typing import Any, NamedTuple
 
 import numpy as np
-from sqlalchemy import Engine, literal, select, tuple_
+from sqlalchemy import Connection, Engine, literal, select, tuple_
 
 from tritonwatch.schemas import tables as t
 from tritonwatch.schemas.probes import ProbeResult
@@ -108,6 +108,7 @@ _VALUE = itemgetter(2)
 def open_store(
     url: str, *, batch_rows: int = 50_000, timeout_s: float = 10.0,
     statement_timeout_s: float = DEFAULT_STATEMENT_TIMEOUT_S, read_only: bool = False,
+    scratch: bool = False,
 ) -> Store:
     """Open the store at ``url``: ``sqlite:///path.db`` or ``postgresql://user:pw@host/db``.
 
@@ -115,11 +116,13 @@ def open_store(
     ``timeout_s`` bounds how long a statement waits for SQLite's write lock, or for a
     PostgreSQL connection (new or from the pool); ``statement_timeout_s`` is PostgreSQL's
     ``statement_timeout`` (``store.engine`` explains how a server that stops answering is
-    caught).  ``read_only``: the database refuses every write (the dashboard).  Raises
-    ValueError for an unsupported URL.
+    caught).  ``read_only``: the database refuses every write (the dashboard).  ``scratch``:
+    a throwaway SQLite file with no journal and no fsync (``replay``; lost on a crash).
+    Raises ValueError for an unsupported URL.
     """
     return Store(url, batch_rows=batch_rows, timeout_s=timeout_s,
-                 statement_timeout_s=statement_timeout_s, read_only=read_only)
+                 statement_timeout_s=statement_timeout_s, read_only=read_only,
+                 scratch=scratch)
 
 
 class Pending(NamedTuple):
@@ -151,7 +154,7 @@ class Store:
     def __init__(
         self, url: str, *, batch_rows: int = 50_000, timeout_s: float = 10.0,
         statement_timeout_s: float = DEFAULT_STATEMENT_TIMEOUT_S,
-        read_only: bool = False,
+        read_only: bool = False, scratch: bool = False,
     ) -> None:
         if batch_rows < 1:
             raise ValueError(f"batch_rows must be at least 1, got {batch_rows!r}")
@@ -160,10 +163,18 @@ class Store:
         self.url_redacted = redact(parsed)
         self._engine = build_engine(
             parsed, timeout_s=timeout_s, statement_timeout_s=statement_timeout_s,
-            read_only=read_only,
+            read_only=read_only, scratch=scratch,
         )
         self._batch_rows = batch_rows
         self._max_rows = 10 * batch_rows
+        # A scratch store has one writer, this object: the series a query selects change only
+        # when it creates series, so they are looked up once per (name, target, match) until
+        # it does (replay repeats the same queries at every evaluation).
+        self._series_memo: dict[tuple[Any, ...], list[tuple[int, SeriesKey]]] | None = (
+            {} if scratch else None)
+        self._series_gen = 0
+        # Likewise the rollup watermarks, which only its own flushes and maintenance move.
+        self._marks_memo: dict[int, int] | None = None
         self._lock = threading.Lock()  # guards the buffer
         self._flush_lock = threading.Lock()  # one flush at a time; guards the series cache
         self._buffer: deque[_Chunk] = deque()
@@ -535,6 +546,7 @@ class Store:
             # lagging second writer) move it back in this same transaction, so they are rolled
             # up before raw retention may delete them.
             if lowest is not None:
+                self._marks_memo = None
                 maintenance.rewind_watermarks(conn, lowest)
         if refusals and self._on_refused is not None:
             for target, (series, samples) in refusals.items():
@@ -642,9 +654,45 @@ class Store:
                     conn, ordered[lo : lo + RESOLVE_SLICE], limits=self._series_limits
                 )
                 ids = resolve_series(conn, allowed, now_ms=round(time.time() * 1000))
+            self._series_gen += 1
+            if self._series_memo is not None:
+                self._series_memo.clear()
             resolved.update(ids)  # only once committed
             resolved.update(dict.fromkeys(refused, REFUSED))
         return resolved
+
+    def _find_series(
+        self, conn: Connection, *, name: str | None, target: str | None,
+        match: Mapping[str, str] | None, max_series: int | None = None,
+    ) -> list[tuple[int, SeriesKey]]:
+        memo = self._series_memo
+        if memo is None:
+            return query.find_series(conn, name=name, target=target, match=match,
+                                     max_series=max_series)
+        key = (name, target, tuple(sorted((match or {}).items())), max_series)
+        found = memo.get(key)
+        if found is None:
+            gen = self._series_gen
+            found = query.find_series(conn, name=name, target=target, match=match,
+                                      max_series=max_series)
+            if gen == self._series_gen:  # no series created meanwhile
+                memo[key] = found
+        return found
+
+    def _watermarks(self, conn: Connection) -> dict[int, int]:
+        if self._series_memo is None:
+            return maintenance.watermarks(conn)
+        marks = self._marks_memo
+        if marks is None:
+            marks = self._marks_memo = maintenance.watermarks(conn)
+        return marks
+
+    def _forget_scratch_memos(self) -> None:
+        # Maintenance moves watermarks and deletes series.
+        self._marks_memo = None
+        self._series_gen += 1
+        if self._series_memo is not None:
+            self._series_memo.clear()
 
     def _expire_layouts(self, now: float) -> None:
         """Forget layouts resolved more than SERIES_CACHE_TTL_S ago, a few per flush.
@@ -894,7 +942,7 @@ class Store:
     ) -> list[SeriesKey]:
         """Known series, sorted; ``match`` is label equality (``""`` matches an absent label)."""
         with self._db("query series"), transaction(self._engine, write=False) as conn:
-            found = query.find_series(conn, name=name, target=target, match=match)
+            found = self._find_series(conn, name=name, target=target, match=match)
         return [key for _, key in found]
 
     def series_page(
@@ -982,7 +1030,7 @@ class Store:
         point."""
         lo, hi = _window(start, end)
         with self._db("query range"), transaction(self._engine, write=False) as conn:
-            found = query.find_series(conn, name=name, target=target, match=match)
+            found = self._find_series(conn, name=name, target=target, match=match)
             return query.raw_columns(conn, found, lo_ms=lo, hi_ms=hi)
 
     def increase(
@@ -1031,7 +1079,7 @@ class Store:
     ) -> list[tuple[SeriesKey, float, int, int]]:
         lo, hi = _window(start, end)
         with self._db("query increase"), transaction(self._engine, write=False) as conn:
-            found = query.find_series(conn, name=name, target=target, match=match)
+            found = self._find_series(conn, name=name, target=target, match=match)
             return query.increase(conn, found, lo_ms=lo, hi_ms=hi)
 
     def buckets(
@@ -1078,7 +1126,7 @@ class Store:
         if not math.isfinite(step) or round(step * 1000) < 1:
             raise QueryError(f"step must be a positive number of seconds, got {step!r}")
         with self._db("query buckets"), transaction(self._engine, write=False) as conn:
-            found = query.find_series(conn, name=name, target=target, match=match,
+            found = self._find_series(conn, name=name, target=target, match=match,
                                       max_series=max_series)
             return query.bucket_columns(
                 conn,
@@ -1087,7 +1135,7 @@ class Store:
                 hi_ms=hi,
                 step_ms=round(step * 1000),
                 agg=agg,
-                watermarks=maintenance.watermarks(conn),
+                watermarks=self._watermarks(conn),
                 max_samples=max_samples,
             )
 
@@ -1101,6 +1149,7 @@ class Store:
         counted in the result).  After :meth:`request_stop` it ends at the next batch
         boundary (``store.maintenance``, "Stopping").
         """
+        self._forget_scratch_memos()
         now_ms = round(now * 1000)
         stop = self._stopping.is_set
         t0 = time.perf_counter()
@@ -1147,6 +1196,7 @@ class Store:
         ``maintenance.apply_retention``).  After :meth:`request_stop` it ends at the next
         batch boundary.
         """
+        self._forget_scratch_memos()
         for setting, value in (
             ("raw_s", raw_s),
             ("rollup_5m_s", rollup_5m_s),

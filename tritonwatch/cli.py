@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import socket
@@ -309,20 +310,114 @@ def _load_rules(path: str | None) -> Any:
     return load_rules(path)
 
 
-def cmd_replay(args: argparse.Namespace) -> int:
-    from tritonwatch.replay import ReplayError, replay
+def _bar(what: str) -> Any:
+    """A progress bar on stderr when it is a terminal (nothing on a pipe or a log file)."""
+    if not sys.stderr.isatty():
+        return None
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
+    from tritonwatch.render import make_console
+
+    return Progress(TextColumn(what), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    TimeRemainingColumn(), console=make_console(stderr=True), transient=True)
+
+
+def _replay_one(job: tuple[str, str | None, str, float | None, float | None, float | None]
+                ) -> Any:
+    # One recording in a worker process (``--jobs``): rules are loaded there, not pickled.
+    from tritonwatch.replay import replay
+
+    path, rules_path, target, eval_interval, ttft_slo, itl_slo = job
+    return replay(path, _load_rules(rules_path), target=target, eval_interval=eval_interval,
+                  ttft_slo=ttft_slo, itl_slo=itl_slo)
+
+
+def _merge(outcomes: list[Any]) -> Any:
+    from tritonwatch.replay import Outcome
+
+    alerts = sorted((a for o in outcomes for a in o.alerts),
+                    key=lambda a: (a.fired_at, a.alertname, sorted(a.labels.items())))
+    starts = [o.start for o in outcomes if o.start is not None]
+    ends = [o.end for o in outcomes if o.end is not None]
+    failures: dict[str, int] = {}
+    for o in outcomes:
+        for rule, n in o.rule_failures.items():
+            failures[rule] = failures.get(rule, 0) + n
+    return Outcome(alerts, min(starts, default=None), max(ends, default=None),
+                   sum(o.evaluations for o in outcomes), sum(o.scrapes for o in outcomes),
+                   failures)
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from tritonwatch.replay import ReplayError, recordings_in, replay
+
+    if args.jobs < 1:
+        _err(f"replay: --jobs must be at least 1, got {args.jobs}")
+        return EXIT_USAGE
     try:
         rules = _load_rules(args.rules)
-        outcome = replay(args.dir, rules, target=args.target, eval_interval=args.eval_interval,
-                         ttft_slo=args.ttft_slo, itl_slo=args.itl_slo)
+        recordings = recordings_in(args.dir)
     except ConfigError as exc:
         return _config_errors(exc)
     except (ReplayError, OSError) as exc:
         _err(f"replay: {exc}")
         return EXIT_USAGE
-    _print_alerts(outcome, args.json, f"replay of {args.dir}")
-    return EXIT_OK
+    # Several recordings are several targets: each is named after its directory.
+    jobs = [(str(path), args.rules,
+             name or (path.name if len(recordings) > 1 else args.target),
+             args.eval_interval, args.ttft_slo, args.itl_slo) for path, name in recordings]
+    what = " ".join(args.dir)
+    bar = _bar(f"replay {what}" if len(jobs) == 1 else f"replay of {len(jobs)} recordings")
+    outcomes: list[Any] = []
+    failed = 0
+    with bar if bar is not None else contextlib.nullcontext():
+        if len(jobs) == 1 or args.jobs == 1:
+            task = bar.add_task("", total=None) if bar is not None else None
+
+            def tick(done: int, total: int) -> None:
+                if bar is not None:
+                    bar.update(task, completed=done, total=total)
+
+            for job in jobs:
+                try:
+                    outcomes.append(replay(job[0], rules, target=job[2], eval_interval=job[3],
+                                           ttft_slo=job[4], itl_slo=job[5],
+                                           progress=tick if len(jobs) == 1 else None))
+                except (ReplayError, OSError) as exc:
+                    _err(f"replay: {exc}")
+                    failed += 1
+                if bar is not None and len(jobs) > 1:
+                    bar.update(task, advance=1, total=len(jobs))
+        else:
+            import concurrent.futures
+            import multiprocessing
+
+            task = bar.add_task("", total=len(jobs)) if bar is not None else None
+            # spawn, not fork: a forked child would inherit this process's threads' locks.
+            with concurrent.futures.ProcessPoolExecutor(
+                    max_workers=min(args.jobs, len(jobs)),
+                    mp_context=multiprocessing.get_context("spawn")) as pool:
+                futures = {pool.submit(_replay_one, job): job for job in jobs}
+                for fut in concurrent.futures.as_completed(futures):
+                    try:
+                        outcomes.append(fut.result())
+                    except (ReplayError, OSError, ConfigError) as exc:
+                        _err(f"replay: {futures[fut][0]}: {exc}")
+                        failed += 1
+                    if bar is not None:
+                        bar.update(task, advance=1)
+    if failed == len(jobs):
+        return EXIT_USAGE
+    _print_alerts(outcomes[0] if len(outcomes) == 1 and len(jobs) == 1 else _merge(outcomes),
+                  args.json, f"replay of {what}")
+    return EXIT_FAILURE if failed else EXIT_OK
 
 
 def cmd_backtest(args: argparse.Namespace) -> int:
@@ -337,7 +432,16 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     step = args.step or config.alerting.eval_interval
     try:
         with open_store(config.store.url) as store:
-            outcome = backtest(store, rules, start=args.from_, end=args.to, step=step)
+            bar = _bar("backtest")
+            with bar if bar is not None else contextlib.nullcontext():
+                task = bar.add_task("", total=None) if bar is not None else None
+
+                def tick(done: int, total: int) -> None:
+                    if bar is not None:
+                        bar.update(task, completed=done, total=total)
+
+                outcome = backtest(store, rules, start=args.from_, end=args.to, step=step,
+                                   progress=tick)
     except StoreError as exc:
         _err(f"backtest: {exc}; check store.url and that the database is running")
         return EXIT_FAILURE
@@ -411,7 +515,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_record)
 
     p = sub.add_parser("replay", help="the alert rules over a recording, in simulated time")
-    p.add_argument("dir", help="recording directory (see `record`)")
+    p.add_argument("dir", nargs="+",
+                   help="recording directory (see `record`); several, or one whose "
+                   "subdirectories are recordings (one target each, named after it)")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="replay this many recordings at once, one process each (default 1)")
     p.add_argument("--rules", help="rules file (default: the built-in rules)")
     p.add_argument("--json", action="store_true",
                    help='print {"alerts": [{alertname, labels, fired_at, resolved_at}]}')

@@ -13,7 +13,8 @@ A **recording** (written by ``tritonwatch record``, or by hand) is a directory h
 
 ``replay`` runs the live pipeline over it in simulated time, as fast as it can: parse →
 derive (one ``Deriver`` per recording, so rates come from consecutive scrapes exactly as live)
-→ a throwaway SQLite store → ``Engine.evaluate`` at every scrape time (or every
+→ a throwaway SQLite store (no journal, no fsync: it is deleted at the end, so nothing in it
+has to survive a crash) → ``Engine.evaluate`` at every scrape time (or every
 ``eval_interval`` of simulated time); probe lines stamped after the last scrape are evaluated
 at their own times after it, so none is left out.  Probe lines become the series
 ``collector/probes/sink.py`` writes (``probe:ttft_seconds``, ``probe:slo_good``/
@@ -32,7 +33,7 @@ import logging
 import math
 import re
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import pairwise
 from pathlib import Path
 from typing import Any, NamedTuple, cast
@@ -344,8 +345,14 @@ def replay(
     eval_interval: float | None = None,
     ttft_slo: float | None = None,
     itl_slo: float | None = None,
+    scratch: bool = True,
+    progress: Callable[[int, int], None] | None = None,
 ) -> Outcome:
-    """Replay a recording through ``rules`` (see the module docstring)."""
+    """Replay a recording through ``rules`` (see the module docstring).
+
+    ``scratch``: the throwaway store has no journal and no fsync (it is deleted at the end
+    whatever happens; ``False`` gives the live store's WAL and fsyncs, same results, slower).
+    ``progress(done, total)`` is called after each evaluation."""
     try:  # the SLOs the probe runs are judged against, checked as the live probe's config is
         ProbeConfig(name="replay", model="replay", target=target, ttft_slo=ttft_slo,
                     itl_slo=itl_slo)
@@ -364,7 +371,8 @@ def replay(
         steps = math.floor((end - start) / eval_interval + 1e-9)
         times = [start + i * eval_interval for i in range(steps + 1)]
     with tempfile.TemporaryDirectory(prefix="tritonwatch-replay-") as tmp:
-        store = open_store(f"sqlite:///{tmp}/replay.db", batch_rows=1_000_000)
+        store = open_store(f"sqlite:///{tmp}/replay.db", batch_rows=1_000_000,
+                           scratch=scratch)
         try:
             store.create_schema()
             for model, raw in recording.configs.items():
@@ -377,10 +385,12 @@ def replay(
                                  itl_slo=itl_slo)
             events: list[AlertEvent] = []
             scrapes = 0
-            for now in times:
+            for i, now in enumerate(times, 1):
                 scrapes += replayer.ingest_until(now)
                 store.flush()
                 events += engine.evaluate(now)
+                if progress is not None:
+                    progress(i, len(times))
             return Outcome(collect(events), start, end, len(times), scrapes,
                            dict(engine.failures))
         finally:
@@ -389,9 +399,10 @@ def replay(
 
 def backtest(
     store: Store, rules: Sequence[Rule], *, start: float, end: float, step: float,
+    progress: Callable[[int, int], None] | None = None,
 ) -> Outcome:
     """Evaluate ``rules`` every ``step`` seconds over ``[start, end]`` of ``store``'s history,
-    without reading or writing alert state."""
+    without reading or writing alert state; ``progress(done, total)`` after each step."""
     if not step > 0:
         raise ReplayError(f"step must be positive, got {step!r}")
     if end < start:
@@ -401,6 +412,8 @@ def backtest(
     n = math.floor((end - start) / step + 1e-9) + 1
     for i in range(n):
         events += engine.evaluate(start + i * step)
+        if progress is not None:
+            progress(i + 1, n)
     return Outcome(collect(events), start, end, n, 0, dict(engine.failures))
 
 
@@ -408,3 +421,22 @@ def _typical_gap(times: Sequence[float]) -> float:
     gaps = sorted(b - a for a, b in pairwise(times) if b > a)
     return gaps[len(gaps) // 2] if gaps else 15.0
 
+
+
+def recordings_in(paths: Sequence[str | Path]) -> list[tuple[Path, str | None]]:
+    """The recordings ``paths`` name, each with its target name: a path holding scrapes or
+    probes.jsonl is one recording (target: None, the caller's); a directory without any whose
+    subdirectories are recordings is a fleet, one target per subdirectory, named after it."""
+    out: list[tuple[Path, str | None]] = []
+    for raw in paths:
+        root = Path(raw)
+        if not root.is_dir():
+            raise ReplayError(f"{root}: not a directory")
+        own = any(p.suffix in (".prom", ".json") or p.name == "probes.jsonl"
+                  for p in root.iterdir() if p.is_file())
+        subs = sorted(p for p in root.iterdir() if p.is_dir() and p.name != "config")
+        if own or not subs:
+            out.append((root, None))
+        else:
+            out.extend((sub, sub.name) for sub in subs)
+    return out

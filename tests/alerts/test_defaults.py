@@ -142,7 +142,7 @@ def test_fill_rate_that_follows_a_traffic_drop_is_not_a_regression(store: Store,
 def test_regression_defaults_model_load_and_accept_the_old_tolerance(name: str) -> None:
     spec = getattr(rule(name), "spec")  # noqa: B009
     # Judged at the same load (request rate), none of them falling when load rises.
-    assert spec.load_series == "sli:request_rate"
+    assert spec.load_series == ("sli:request_rate", "sli:failure_rate")  # every arrival
     assert spec.elasticity is not None and spec.elasticity[0] == 0.0
     # Rules files written for the comparable-load guard still load; the key is ignored.
     old = DefaultsSpec.model_validate({"overrides": {name: {"load_tolerance": 0.2,

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from tests.alerts.test_history import CountingStore
+from tritonwatch.alerts.defaults import _regression_spec
 from tritonwatch.alerts.detect import (
     WEEK_S,
     RegressionRule,
@@ -267,14 +268,15 @@ def test_rule_reads_the_baseline_once_per_five_minutes(store: Store) -> None:
     assert [(name, start) for _, name, start, _ in old] == [
         ("sli:batch_fill_rate", NOW - SPEC.recent_window - SPEC.baseline_window),
         ("sli:request_rate", NOW - SPEC.recent_window - SPEC.baseline_window),
-    ]  # read once, not on each of the 10 evaluations
+        ("sli:failure_rate", NOW - SPEC.recent_window - SPEC.baseline_window),
+    ]  # read once, not on each of the 10 evaluations (load: successes and failures)
     assert rule.cache.reads == 2
     counting.calls.clear()
     for i in range(10, 20):  # the next quantum: only its new 5 minutes are read
         rule.evaluate(counting.as_store(), NOW + i * 30.0)
     old = [c for c in counting.calls if c[3] < NOW + 300 - SPEC.recent_window]
     assert [(start, end) for _, _, start, end in old] == [
-        (NOW - SPEC.recent_window, NOW + 300 - SPEC.recent_window - 0.001)] * 2
+        (NOW - SPEC.recent_window, NOW + 300 - SPEC.recent_window - 0.001)] * 3
     assert rule.cache.reads == 4
 
 
@@ -378,3 +380,36 @@ def test_effect_prefilter_never_hides_a_regression(store: Store) -> None:
     assert found.comparison.change == pytest.approx(-0.25, abs=0.05)
     quiet = SPEC.model_copy(update={"min_effect": 0.3})
     assert detect(store, quiet, NOW) == []
+
+
+# --- load is every request that arrived, failed ones too ------------------------------------
+
+
+@pytest.mark.parametrize("rule", ["kv_cache_regression", "gpu_efficiency_regression"])
+def test_a_failure_spike_at_the_same_arrivals_is_not_a_resource_regression(
+    store: Store, rule: str
+) -> None:
+    # 30 % of requests start failing while as many arrive: KV-cache and GPU use stay what the
+    # arrivals ask for, but per *successful* request they rose by 1 / 0.7.  Load measured
+    # as successes alone called that a +43 % regression.
+    spec = _regression_spec(rule, None)
+    rng = np.random.default_rng(5)
+    gpu = make_labels({"gpu_uuid": "GPU-0"})
+    ts = NOW - 6 * 3600
+    while ts <= NOW:
+        arrivals = 20.0 * (1 + 0.3 * np.sin(2 * np.pi * ts / 86400)) * rng.lognormal(0, 0.05)
+        failing = 0.3 if ts >= ONSET else 0.002
+        store.write("t1", ts, [
+            Sample("sli:request_rate", M, arrivals * (1 - failing)),
+            Sample("sli:failure_rate", make_labels({**dict(M), "reason": "timeout"}),
+                   arrivals * failing),
+            Sample("sli:kv_cache_utilization", M, 0.02 * arrivals * rng.lognormal(0, 0.03)),
+            Sample("sli:gpu_utilization", gpu, 0.03 * arrivals * rng.lognormal(0, 0.05)),
+        ])
+        ts += 30.0
+    store.flush()
+    for i in range(0, 10):
+        assert detect(store, spec, NOW - i * 30.0) == []
+    # The same data judged against successes alone: it fires (what the default prevents).
+    old = spec.model_copy(update={"load_series": "sli:request_rate"})
+    assert detect(store, old, NOW)
