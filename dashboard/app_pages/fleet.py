@@ -21,7 +21,10 @@ if health.empty:
 else:
     down = health[~health["up"]]
     st.caption(f"{len(health) - len(down)} of {len(health)} sources up")
+    # The links before the error text, which can be long: they stay in view.
     st.dataframe(health.drop(columns="up"), hide_index=True, width="stretch", key="fleet_health",
+                 column_order=("target", "source", "status", "models", "alerts", "last scrape",
+                               "duration ms", "samples", "last error"),
                  column_config={
                      "models": st.column_config.LinkColumn("models",
                                                            display_text="its models"),
