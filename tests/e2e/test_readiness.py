@@ -32,6 +32,24 @@ def latest(collector: Collector, name: str, model: str | None = None) -> list[fl
             if v.name == name and (model is None or dict(v.labels).get("model") == model)]
 
 
+class Readings:
+    """The rig's API read on a simulated 15 s schedule, then ModelNotReady evaluated."""
+
+    def __init__(self, config: Config, store: Store) -> None:
+        self.store = store
+        self.now = time.time()
+        self.collector = Collector(config, store, clock=lambda: self.now)
+        self.engine = Engine([ModelNotReadyRule(for_s=0.0)], store, eval_interval=15,
+                             clock=lambda: self.now)
+
+    def __call__(self) -> list[str]:
+        """The alert events of the next reading, as "<status> <model>", in engine order."""
+        self.now += 15.0
+        asyncio.run(self.collector.read_api("rig"))
+        self.store.flush()
+        return [f"{e.status} {dict(e.labels)['model']}" for e in self.engine.evaluate(self.now)]
+
+
 def test_an_unloaded_model_is_not_ready_fires_model_not_ready_and_resolves_on_load(
     tmp_path: Path, store: Store
 ):
@@ -41,16 +59,8 @@ def test_an_unloaded_model_is_not_ready_fires_model_not_ready_and_resolves_on_lo
         config = Config(targets=(TargetConfig(name="rig", metrics_url=rig.metrics_url,
                                               http_url=rig.http_url),),
                         nvml={"enabled": False})
-        now = [time.time()]
-        collector = Collector(config, store, clock=lambda: now[0])
-        engine = Engine([ModelNotReadyRule(for_s=0.0)], store, eval_interval=15,
-                        clock=lambda: now[0])
-
-        def reading() -> list[str]:
-            now[0] += 15.0
-            asyncio.run(collector.read_api("rig"))
-            store.flush()
-            return [f"{e.status} {dict(e.labels)['model']}" for e in engine.evaluate(now[0])]
+        reading = Readings(config, store)
+        collector = reading.collector
 
         assert reading() == []
         assert latest(collector, "triton_server_live") == [1.0]
@@ -67,7 +77,7 @@ def test_an_unloaded_model_is_not_ready_fires_model_not_ready_and_resolves_on_lo
         assert reading() == ["firing batcher"]
         assert latest(collector, "triton_model_ready", "batcher") == [0.0]
         assert latest(collector, "triton_model_ready", "fake_llm") == [1.0]
-        [alert] = [s for s in engine.states() if s.status == "firing"]
+        [alert] = [s for s in reading.engine.states() if s.status == "firing"]
         labels, notes = dict(alert.labels), dict(alert.annotations)
         assert labels == {"alertname": "ModelNotReady", "target": "rig", "model": "batcher",
                           "version": "1", "severity": "critical"}
@@ -84,11 +94,11 @@ def test_an_unloaded_model_is_not_ready_fires_model_not_ready_and_resolves_on_lo
         # The readiness SLO: three readings of batcher, one of them not ready.
         spec = SloSpec.model_validate({"name": "batcher-ready", "objective": 99,
                                        "sli": {"kind": "readiness", "model": "batcher"}})
-        status = slo_status(store, Slo.from_spec(spec), now[0])
+        status = slo_status(store, Slo.from_spec(spec), reading.now)
         assert (status.good, status.total) == (2.0, 3.0)
         server = SloSpec.model_validate({"name": "server-ready", "objective": 99,
                                          "sli": {"kind": "readiness", "server": True}})
-        assert slo_status(store, Slo.from_spec(server), now[0]).compliance == 1.0
+        assert slo_status(store, Slo.from_spec(server), reading.now).compliance == 1.0
         asyncio.run(collector.close())
 
 
@@ -127,23 +137,18 @@ def test_expected_models_never_loaded_fire_model_not_ready_until_loaded(
                          "http_url": rig.http_url,
                          "expected_models": ["batcher", "fake_llm", "ghost"]}],
             "nvml": {"enabled": False}})
-        now = [time.time()]
-        collector = Collector(config, store, clock=lambda: now[0])
-        engine = Engine([ModelNotReadyRule(for_s=0.0)], store, eval_interval=15,
-                        clock=lambda: now[0])
+        readings = Readings(config, store)
+        collector = readings.collector
 
         def reading() -> list[str]:
-            now[0] += 15.0
-            asyncio.run(collector.read_api("rig"))
-            store.flush()
-            return sorted(f"{e.status} {dict(e.labels)['model']}"
-                          for e in engine.evaluate(now[0]))
+            return sorted(readings())
 
         assert reading() == ["firing fake_llm", "firing ghost"]
         assert latest(collector, "triton_model_ready", "batcher") == [1.0]
         assert latest(collector, "triton_model_ready", "fake_llm") == [0.0]
         assert latest(collector, "triton_model_ready", "ghost") == [0.0]
-        firing = {dict(s.labels)["model"]: s for s in engine.states() if s.status == "firing"}
+        firing = {dict(s.labels)["model"]: s for s in readings.engine.states()
+                  if s.status == "firing"}
         assert dict(firing["ghost"].labels) == {
             "alertname": "ModelNotReady", "target": "rig", "model": "ghost", "version": "",
             "severity": "critical"}
@@ -157,7 +162,7 @@ def test_expected_models_never_loaded_fire_model_not_ready_until_loaded(
         assert reading() == ["resolved fake_llm"]
         assert latest(collector, "triton_model_ready", "fake_llm") == [1.0]
         # ghost stays firing: it is still expected and still absent.
-        assert [dict(s.labels)["model"] for s in engine.states()
+        assert [dict(s.labels)["model"] for s in readings.engine.states()
                 if s.status == "firing"] == ["ghost"]
         asyncio.run(collector.close())
 

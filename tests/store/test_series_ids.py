@@ -12,11 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import pytest
 
 import tritonwatch.store.store as store_module
 from tritonwatch.schemas.samples import Labels
-from tritonwatch.store.write import resolve_series
 
 TARGETS = 5
 SERIES = 10
@@ -26,20 +24,6 @@ def _columns(i: int) -> tuple[list[str], list[Labels]]:
     names = [f"m_{k % 3}" for k in range(SERIES)]
     labels: list[Labels] = [(("k", str(k)), ("t", str(i))) for k in range(SERIES)]
     return names, labels
-
-
-@pytest.fixture
-def calls(monkeypatch: pytest.MonkeyPatch) -> list[list[Any]]:
-    seen: list[list[Any]] = []
-    real = resolve_series
-
-    def spy(conn: Any, keys: Any, *, now_ms: int) -> Any:
-        keys = list(keys)
-        seen.append(keys)
-        return real(conn, keys, now_ms=now_ms)
-
-    monkeypatch.setattr(store_module, "resolve_series", spy)
-    return seen
 
 
 def _write_all(st: Any, ts: float) -> None:

@@ -9,25 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import pytest
 
-import tritonwatch.store.store as store_module
 from tritonwatch.schemas.samples import Labels
-from tritonwatch.store.write import resolve_series
-
-
-@pytest.fixture
-def calls(monkeypatch: pytest.MonkeyPatch) -> list[list[Any]]:
-    seen: list[list[Any]] = []
-    real = resolve_series
-
-    def spy(conn: Any, keys: Any, *, now_ms: int) -> Any:
-        keys = list(keys)
-        seen.append(keys)
-        return real(conn, keys, now_ms=now_ms)
-
-    monkeypatch.setattr(store_module, "resolve_series", spy)
-    return seen
 
 
 def columns(keys: range) -> tuple[list[str], list[Labels]]:
