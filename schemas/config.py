@@ -137,7 +137,9 @@ def _secret_http_url(value: str) -> str:
     return value
 
 
-def _grpc_address(value: str) -> str:
+def host_port(value: str) -> str:
+    """``value`` if it is ``HOST:PORT`` (a gRPC address, ``api.listen``, ``--listen``); else
+    ValueError naming it with any credentials masked."""
     # tritonclient.grpc wants host:port without a scheme.
     host, sep, port = value.rpartition(":")
     if not sep or not host or not port.isdigit():
@@ -177,7 +179,7 @@ def check_headers(headers: dict[str, str]) -> dict[str, str]:
 HttpUrl = Annotated[str, AfterValidator(_http_url)]
 #: An http(s) URL that is a secret as a whole: errors never quote it.
 SecretHttpUrl = Annotated[str, AfterValidator(_secret_http_url)]
-GrpcAddress = Annotated[str, AfterValidator(_grpc_address)]
+GrpcAddress = Annotated[str, AfterValidator(host_port)]
 Headers = Annotated[dict[str, str], AfterValidator(check_headers)]
 
 
@@ -432,7 +434,7 @@ class ApiConfig(_Frozen):
     @field_validator("listen")
     @classmethod
     def _host_port(cls, value: str) -> str:
-        _grpc_address(value)
+        host_port(value)
         return value
 
 

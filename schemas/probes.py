@@ -148,13 +148,13 @@ class ProbeConfig(BaseModel):
 
 def validate_probe_url(protocol: str, url: str) -> str:
     """``host:port`` for grpc, an http(s) URL otherwise; ValueError quoting ``url``."""
-    from tritonwatch.schemas.config import _grpc_address, _http_url
+    from tritonwatch.schemas.config import _http_url, host_port
 
     if protocol == "grpc":
         address = url.removeprefix("grpc://")
         if "://" in address:
             raise ValueError(f"{url!r} is not host:port")
-        return _grpc_address(address)
+        return host_port(address)
     return _http_url(url)
 
 

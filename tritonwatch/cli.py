@@ -209,10 +209,10 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
 def _listen(value: str) -> str:
     """``--listen HOST:PORT``, checked as ``api.listen`` is (a bad one is a usage error)."""
-    from tritonwatch.schemas.config import _grpc_address
+    from tritonwatch.schemas.config import host_port
 
     try:
-        return _grpc_address(value)
+        return host_port(value)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
