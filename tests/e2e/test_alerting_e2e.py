@@ -328,9 +328,29 @@ class Stack:
         for p in self.am.recorder.payloads:
             alerts = [(a["labels"].get("alertname"), a["status"]) for a in p["alerts"]]
             lines.append(f"  {p['status']} {alerts}")
+        lines.append("--- series (last 70 s, 1 s buckets, oldest first):")
+        try:
+            lines += self.series_diag()
+        except Exception as exc:
+            lines.append(f"  (store unreadable: {exc!r})")
         lines.append(f"--- serve log:\n{self.serve.log_tail()}")
         lines.append(f"--- alertmanager log:\n{self.am.log_tail(10)}")
         return "\n".join(lines)
+
+    def series_diag(self) -> list[str]:
+        """What the regression rules read: the batcher's fill rate and request rate and the
+        LLM probe's TTFT, so that a verdict that did not come can be judged from the data."""
+        now = time.time()
+        out = []
+        with open_store(f"sqlite:///{self.serve.db}") as store:
+            for series, match in (("sli:batch_fill_rate", {"model": "batcher"}),
+                                  ("sli:request_rate", {"model": "batcher"}),
+                                  ("probe:ttft_seconds", {"probe": "llm"})):
+                for d in store.buckets(series, start=now - 70, end=now, step=1.0, agg="avg",
+                                       match=match):
+                    vals = " ".join(f"{v:.3g}" for v in d.values)
+                    out.append(f"  {series} {dict(d.labels)}: {vals}")
+        return out
 
     # --- the trip of one alert ---------------------------------------------------------------
 
