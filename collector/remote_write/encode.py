@@ -1,13 +1,13 @@
 """Samples to Prometheus remote-write 1.0 ``WriteRequest`` bytes, sharded by series.
 
 The messages are Prometheus's own (``prompb/remote.proto`` and ``types.proto``, compiled into
-:mod:`.prompb`).  Each series' labels are serialized once, by the generated ``TimeSeries``
-class, and kept; a request is then put together from those bytes and each sample's value and
-timestamp.  That relies on two rules of the protobuf wire format: a message is the
-concatenation of its fields, and a repeated field is a run of entries, each ``tag, length,
-bytes``.  Building a ``TimeSeries`` object per sample instead costs 10 us a sample (measured),
-as much CPU as scraping and parsing it.  tests/scale/test_remote_write_encode.py parses every
-shape of request built here back with the generated ``WriteRequest``.
+:mod:`.third_party.prompb`).  Each series' labels are serialized once, by the generated
+``TimeSeries`` class, and kept; a request is then put together from those bytes and each sample's
+value and timestamp.  That relies on two rules of the protobuf wire format: a message is the
+concatenation of its fields, and a repeated field is a run of entries, each ``tag, length, bytes``.
+Building a ``TimeSeries`` object per sample instead costs 10 us a sample (measured), as much CPU as
+scraping and parsing it.  tests/scale/test_remote_write_unit.py parses every shape of request
+built here back with the generated ``WriteRequest``.
 
 One sample per ``TimeSeries`` entry, as Prometheus's own sender does.  Label names are sorted;
 ``__name__`` is the series name (characters outside ``[a-zA-Z0-9_:]`` become ``_``), ``target``
@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from tritonwatch.collector.remote_write.prompb import types_pb2
+from tritonwatch.collector.remote_write.third_party.prompb import types_pb2
 from tritonwatch.schemas.samples import Labels
 
 _NAME_BAD = re.compile(r"[^a-zA-Z0-9_:]")

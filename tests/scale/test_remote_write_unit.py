@@ -27,7 +27,7 @@ from tests.fixtures_http import free_port
 from tests.scale.targets import payload
 from tritonwatch.collector.remote_write.buffer import SegmentBuffer
 from tritonwatch.collector.remote_write.encode import Batch, Encoder, varint
-from tritonwatch.collector.remote_write.prompb import remote_pb2, types_pb2
+from tritonwatch.collector.remote_write.third_party.prompb import remote_pb2, types_pb2
 from tritonwatch.collector.remote_write.writer import RemoteWriter, classify
 from tritonwatch.collector.shape import parse_columns
 from tritonwatch.schemas.remote_write import DEFAULT_BUFFER_BYTES, RemoteWriteConfig
