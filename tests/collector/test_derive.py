@@ -1,4 +1,4 @@
-"""collector/derive.py: every SLI against hand-computed values, and the reset/gap/churn traps.
+"""collector/derive: every SLI against hand-computed values, and the reset/gap/churn traps.
 
 Snapshots are built from ``Sample``/``MetricFamily`` directly (no parser), in the two spellings a
 parser may produce for counters (``nv_inference_count`` or prometheus_client's
@@ -861,7 +861,7 @@ def test_summed_increases_equal_prometheus_reset_aware_increase(
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_families_outside_derived_from_do_not_change_the_result(seed):
     from bench.payloads import triton_payload
-    from tritonwatch.collector.derive import _ROLES, DERIVED_FROM
+    from tritonwatch.collector.derive.catalog import DERIVED_FROM, ROLES
     from tritonwatch.collector.parse import parse, parse_reference
 
     full, trimmed = Deriver("t"), Deriver("t")
@@ -875,7 +875,7 @@ def test_families_outside_derived_from_do_not_change_the_result(seed):
         # Every family holding a sample the deriver has a role for is one it reads, under
         # either parser's naming (the reference names counter samples *_total).
         for f in [*families, *parse_reference(text)]:
-            if any(smp.name in _ROLES for smp in f.samples):
+            if any(smp.name in ROLES for smp in f.samples):
                 assert f.name in DERIVED_FROM, f.name
         emptied = tuple(f if f.name in DERIVED_FROM else f._replace(samples=())
                         for f in families)

@@ -1,0 +1,249 @@
+"""What the deriver emits and what it reads: the SLI catalog and the input role tables (data only).
+
+A new SLI is an entry in :data:`SLI_CATALOG` plus its formula in
+:mod:`collector.derive.formulas`; a new input metric family is a row in ``_COUNTERS``,
+``_HISTOGRAMS`` or ``_GAUGES`` below (the accumulation picks it up from :data:`ROLES`).
+Formulas and traps: reference/triton-metrics.md §0, §3, §4, §6, §7.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from tritonwatch.schemas.samples import Labels
+
+
+class SliSpec(NamedTuple):
+    unit: str
+    labels: tuple[str, ...]
+    description: str
+
+
+
+_M = ("model", "version", "namespace?")
+_G = ("gpu_uuid",)
+
+#: Every SLI the deriver emits: name → unit, labels (``namespace?`` = only when Triton runs with
+#: model namespacing) and meaning.  The README and the dashboard are generated from this table.
+SLI_CATALOG: dict[str, SliSpec] = {
+    # Request-level, from nv_inference_* (or the stats API when /metrics has none for the model).
+    "sli:request_rate": SliSpec("req/s", _M, "Successful requests per second (cache hits in)"),
+    "sli:inference_rate": SliSpec("inferences/s", _M, "Inferences (batch items) per second"),
+    "sli:execution_rate": SliSpec("executions/s", _M, "Model executions (batches) per second"),
+    "sli:failure_rate": SliSpec(
+        "req/s",
+        (*_M, "reason"),
+        "Failed requests per second per reason; reason=ALL when the source has no reason "
+        "label (Triton before 24.07, stats API)",
+    ),
+    "sli:success_ratio": SliSpec("ratio", _M, "Δsuccess / (Δsuccess + ΣΔfailure)"),
+    "sli:avg_batch_size": SliSpec("inferences/execution", _M, "Δinference_count / Δexec_count"),
+    "sli:batch_fill_rate": SliSpec(
+        "ratio", _M, "avg_batch_size / max_batch_size; absent when max_batch_size is 0 or unknown"
+    ),
+    "sli:requests_per_execution": SliSpec(
+        "requests/execution", _M, "Δsuccess / Δexec_count (dynamic-batching effectiveness)"
+    ),
+    "sli:queue_time_seconds": SliSpec("s", _M, "Average queue time per successful request"),
+    "sli:compute_time_seconds": SliSpec(
+        "s", _M, "Average compute input+infer+output per request (batch time charged per request)"
+    ),
+    "sli:request_time_seconds": SliSpec("s", _M, "Average server-side request time"),
+    "sli:queue_compute_ratio": SliSpec("ratio", _M, "Δqueue time / Δcompute_infer time"),
+    "sli:pending_requests": SliSpec("requests", _M, "Requests queued in Triton (gauge)"),
+    "sli:cache_hit_ratio": SliSpec("ratio", _M, "Response cache Δhits / (Δhits + Δmisses)"),
+    # TensorRT-LLM gauges (latest executor iteration).
+    "sli:kv_cache_utilization": SliSpec("ratio", _M, "KV-cache used / max blocks (or fraction)"),
+    "sli:kv_cache_free_blocks": SliSpec("blocks", _M, "Free KV-cache blocks"),
+    "sli:kv_cache_reuse_ratio": SliSpec("ratio", _M, "KV-cache reused / used blocks"),
+    "sli:inflight_batch_fill": SliSpec("ratio", _M, "In-flight batch scheduled / max requests"),
+    "sli:llm_active_requests": SliSpec("requests", _M, "Requests in the TRT-LLM executor"),
+    "sli:llm_waiting_requests": SliSpec(
+        "requests", _M, "Requests waiting for a batch slot (waiting, else active - scheduled)"
+    ),
+    "sli:llm_paused_requests": SliSpec("requests", _M, "Paused (preempted) requests"),
+    # LLM latency and token throughput.
+    "sli:ttft_seconds": SliSpec(
+        "s",
+        _M,
+        "Mean time to first token: Triton's nv_inference_first_response_histogram_ms when the "
+        "model has it, else vllm:time_to_first_token_seconds",
+    ),
+    "sli:itl_seconds": SliSpec("s", _M, "Mean inter-token latency (vLLM)"),
+    "sli:e2e_seconds": SliSpec("s", _M, "Mean end-to-end latency of finished requests (vLLM)"),
+    "sli:generation_tokens_rate": SliSpec(
+        "tokens/s", _M, "Generated tokens per second (vLLM, else TRT-LLM nv_llm_output_token_len)"
+    ),
+    "sli:prompt_tokens_rate": SliSpec(
+        "tokens/s", _M, "Prompt tokens per second (vLLM, else TRT-LLM nv_llm_input_token_len)"
+    ),
+    # GPU (DCGM inside Triton); a GPU whose gauges all read 0 is a DCGM failure and is skipped.
+    "sli:gpu_utilization": SliSpec("ratio", _G, "GPU utilization, 0-1"),
+    "sli:gpu_memory_used_ratio": SliSpec("ratio", _G, "GPU memory used / total"),
+    "sli:gpu_power_ratio": SliSpec("ratio", _G, "GPU power usage / limit"),
+    "sli:gpu_power_watts": SliSpec("W", _G, "GPU power usage"),
+    "sli:energy_per_inference_joules": SliSpec(
+        "J/inference",
+        (),
+        "Server-wide ΔΣenergy / ΔΣnv_inference_count (ensembles excluded from the count)",
+    ),
+    # Statistics API only.
+    "sli:preferred_batch_hit_ratio": SliSpec(
+        "ratio", _M, "Share of executions whose batch size is a preferred_batch_size"
+    ),
+    "sli:stats_batch_fill_rate": SliSpec(
+        "ratio", _M, "Exact fill rate from batch_stats: ΣΔ(bs·executions)/ΣΔexecutions/max_batch"
+    ),
+    "sli:gpu_busy_seconds_rate": SliSpec(
+        "s/s", _M, "Model execution busy time per second, ΣΔbatch compute_infer (per instance sum)"
+    ),
+    "sli:server_ttft_seconds": SliSpec("s", _M, "response_stats[0] success time per response"),
+    "sli:server_itl_seconds": SliSpec("s", _M, "response_stats[k≥1] success time per response"),
+}
+
+# --- the input table ------------------------------------------------------------------------
+
+
+# --- the input table ------------------------------------------------------------------------
+
+# The two sources a snapshot's families may come from: Triton's /metrics text and the
+# statistics API (families named ``triton_stats_*``).  Each has its own counter state.
+METRICS = 0
+STATS = 1
+SOURCES = (METRICS, STATS)
+STATS_PREFIX = "triton_stats_"
+
+
+def source_of(family: str) -> int:
+    return STATS if family.startswith(STATS_PREFIX) else METRICS
+
+
+# What a sample feeds.  Small ints keep the per-sample dispatch a cheap comparison chain.
+COUNTER = 0  # model-level counter → Acc.d[field]
+FAILURE = 1  # model-level counter split by ``reason``
+BATCH_EXEC = 2  # stats counter split by ``batch_size``
+RESP_NS = 3  # stats counter split by response ``index``
+RESP_COUNT = 4
+MODEL_GAUGE = 5  # model-level gauge → Acc.g[field] (summed)
+TRTLLM_GAUGE = 6  # model-level gauge with a category label → Acc.g[field + category]
+GPU_GAUGE = 7  # per gpu_uuid gauge
+ENERGY = 8  # per gpu_uuid counter
+# The kinds whose values may be below zero; every other kind is a counter.
+GAUGE_KINDS = frozenset({MODEL_GAUGE, TRTLLM_GAUGE, GPU_GAUGE})
+
+
+class Role(NamedTuple):
+    key: str  # canonical name, the state key (both counter spellings map to one)
+    kind: int
+    field: str  # accumulator field; for TRTLLM_GAUGE the category label name
+    scale: float  # to seconds (durations) or 1
+    source: int
+
+
+
+
+_US = 1e-6
+_NS = 1e-9
+_MS = 1e-3
+
+# (family, kind, field, scale); counters are registered under both spellings, histograms through
+# their ``_sum``/``_count`` samples only (the buckets are left to the store's quantile queries).
+_COUNTERS = (
+    ("nv_inference_request_success", COUNTER, "success", 1.0),
+    ("nv_inference_request_failure", FAILURE, "fail", 1.0),
+    ("nv_inference_count", COUNTER, "count", 1.0),
+    ("nv_inference_exec_count", COUNTER, "exec", 1.0),
+    ("nv_inference_request_duration_us", COUNTER, "request_s", _US),
+    ("nv_inference_queue_duration_us", COUNTER, "queue_s", _US),
+    ("nv_inference_compute_input_duration_us", COUNTER, "cin_s", _US),
+    ("nv_inference_compute_infer_duration_us", COUNTER, "cinf_s", _US),
+    ("nv_inference_compute_output_duration_us", COUNTER, "cout_s", _US),
+    ("nv_cache_num_hits_per_model", COUNTER, "cache_hit", 1.0),
+    ("nv_cache_num_misses_per_model", COUNTER, "cache_miss", 1.0),
+    ("vllm:prompt_tokens", COUNTER, "vllm_prompt", 1.0),
+    ("vllm:generation_tokens", COUNTER, "vllm_gen", 1.0),
+    ("nv_energy_consumption", ENERGY, "energy", 1.0),
+    ("triton_stats_inference_count", COUNTER, "count", 1.0),
+    ("triton_stats_execution_count", COUNTER, "exec", 1.0),
+    ("triton_stats_success_count", COUNTER, "success", 1.0),
+    ("triton_stats_success_ns", COUNTER, "request_s", _NS),
+    ("triton_stats_fail_count", FAILURE, "fail", 1.0),
+    ("triton_stats_queue_ns", COUNTER, "queue_s", _NS),
+    ("triton_stats_compute_input_ns", COUNTER, "cin_s", _NS),
+    ("triton_stats_compute_infer_ns", COUNTER, "cinf_s", _NS),
+    ("triton_stats_compute_output_ns", COUNTER, "cout_s", _NS),
+    ("triton_stats_cache_hit_count", COUNTER, "cache_hit", 1.0),
+    ("triton_stats_cache_miss_count", COUNTER, "cache_miss", 1.0),
+    ("triton_stats_batch_executions", BATCH_EXEC, "batch_exec", 1.0),
+    ("triton_stats_batch_compute_infer_ns", COUNTER, "busy_s", _NS),
+    ("triton_stats_response_success_count", RESP_COUNT, "resp_count", 1.0),
+    ("triton_stats_response_success_ns", RESP_NS, "resp_s", _NS),
+)
+_HISTOGRAMS = (
+    ("nv_inference_first_response_histogram_ms", "ttft", _MS),
+    ("vllm:time_to_first_token_seconds", "vllm_ttft", 1.0),
+    ("vllm:time_per_output_token_seconds", "vllm_itl", 1.0),
+    ("vllm:e2e_request_latency_seconds", "vllm_e2e", 1.0),
+    ("nv_llm_input_token_len", "trtllm_prompt", 1.0),
+    ("nv_llm_output_token_len", "trtllm_gen", 1.0),
+)
+_GAUGES = (
+    ("nv_inference_pending_request_count", MODEL_GAUGE, "pending"),
+    ("nv_trt_llm_kv_cache_block_metrics", TRTLLM_GAUGE, "kv_cache_block_type"),
+    ("nv_trt_llm_request_metrics", TRTLLM_GAUGE, "request_type"),
+    ("nv_trt_llm_inflight_batcher_metrics", TRTLLM_GAUGE, "inflight_batcher_specific_metric"),
+    ("nv_gpu_utilization", GPU_GAUGE, "util"),
+    ("nv_gpu_memory_used_bytes", GPU_GAUGE, "mem_used"),
+    ("nv_gpu_memory_total_bytes", GPU_GAUGE, "mem_total"),
+    ("nv_gpu_power_usage", GPU_GAUGE, "power"),
+    ("nv_gpu_power_limit", GPU_GAUGE, "power_limit"),
+)
+
+
+def _build_roles() -> dict[str, Role]:
+    roles: dict[str, Role] = {}
+    for family, kind, fld, scale in _COUNTERS:
+        src = source_of(family)
+        role = Role(family, kind, fld, scale, src)
+        roles[family] = role
+        roles[family + "_total"] = role
+    for family, fld, scale in _HISTOGRAMS:
+        roles[family + "_sum"] = Role(family + "_sum", COUNTER, fld + "_sum", scale, METRICS)
+        roles[family + "_count"] = Role(family + "_count", COUNTER, fld + "_count", 1.0, METRICS)
+    for family, kind, fld in _GAUGES:
+        roles[family] = Role(family, kind, fld, 1.0, METRICS)
+    return roles
+
+
+ROLES = _build_roles()
+
+#: The families the deriver reads samples of; it skips every other family whole (so a caller
+#: may pass those without samples).  A family is named after its samples, or after them less
+#: one of these suffixes (in both parsers).  Most of a Triton payload (the per-model summaries,
+#: load durations, CPU and memory gauges) is not read at all.
+DERIVED_FROM = frozenset(
+    set(ROLES)
+    | {
+        name.removesuffix(suffix)
+        for name in ROLES
+        for suffix in ("_total", "_sum", "_count", "_bucket", "_created")
+        if name.endswith(suffix)
+    }
+)
+
+#: The raw family names this module reads (as collector/metric_map.py spells them).
+INPUT_FAMILIES: frozenset[str] = frozenset(
+    [f for f, *_ in _COUNTERS if not f.startswith("vllm:")]
+    + [f + "_total" for f, *_ in _COUNTERS if f.startswith("vllm:")]
+    + [f for f, *_ in _HISTOGRAMS]
+    + [f for f, *_ in _GAUGES]
+)
+
+# The fields that make a source "have" a model's request-level counters: from then on /metrics
+# wins for that model's request-level SLIs (see Deriver).
+CORE_FIELDS = frozenset(
+    {"success", "fail", "count", "exec", "request_s", "queue_s", "cin_s", "cinf_s", "cout_s"}
+)
+
+ModelKey = tuple[str, str, str | None]  # model, version, namespace
+StateKey = tuple[str, Labels]  # (role.key, labels): one counter series
