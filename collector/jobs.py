@@ -16,7 +16,9 @@ cannot take every worker thread from the scrapes.
 Every series stored for a target (raw, derived, statistics API, ``up`` and its siblings) carries
 the target's configured ``labels``.
 
-All time comes from an injected ``clock`` so tests and replays control it.
+All time comes from an injected ``clock`` so tests and replays control it.  What a target
+keeps between runs is in :mod:`collector.target_state`; the self-metrics in
+:mod:`collector.self_metrics`.
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
@@ -34,24 +35,23 @@ import httpx
 import numpy as np
 from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_MISSED, JobExecutionEvent
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
-from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from tritonwatch.collector.derive import Deriver
-from tritonwatch.collector.gpu import EMPTY_PLAN, GpuSliDeriver, TritonGpuPlan, TritonReading
-from tritonwatch.collector.limits import LimitExceeded, check_sample_count, check_shape
+from tritonwatch.collector.gpu import GpuSliDeriver
+from tritonwatch.collector.limits import LimitExceeded, check_sample_count
 from tritonwatch.collector.nvml import NvmlCollector
 from tritonwatch.collector.parse import ParseError
 from tritonwatch.collector.probes.runner import ProbeRunner, resolve_url
-from tritonwatch.collector.probes.sink import ProbeMetrics, run_samples
+from tritonwatch.collector.probes.sink import run_samples
 from tritonwatch.collector.remote_write.writer import RemoteWrite
 from tritonwatch.collector.scrape import ScrapeError, fetch_metrics, make_client
-from tritonwatch.collector.shape import Shape, Values, parse_columns
-from tritonwatch.collector.triton import TritonApi, TritonApiError
-from tritonwatch.schemas.config import Config, ScrapeLimits, TargetConfig
+from tritonwatch.collector.self_metrics import SelfMetrics
+from tritonwatch.collector.shape import parse_columns
+from tritonwatch.collector.target_state import TargetState, with_target_labels
+from tritonwatch.collector.triton import TritonApiError
+from tritonwatch.schemas.config import Config
 from tritonwatch.schemas.latest import LatestValues
 from tritonwatch.schemas.probes import ProbeResult
-from tritonwatch.schemas.samples import Labels, Sample, Snapshot, TargetHealth
-from tritonwatch.schemas.triton import ModelConfigInfo
+from tritonwatch.schemas.samples import Sample, Snapshot, TargetHealth
 from tritonwatch.schemas.untrusted import RepeatLimiter, log_safe
 from tritonwatch.store import Store
 
@@ -59,10 +59,6 @@ log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
 
-#: The shortest ``max_gap_s`` a target's deriver gets (seconds).
-MIN_MAX_GAP_S = 300.0
-#: How many scheduled reads a counter baseline may miss and still give a rate.
-MAX_GAP_INTERVALS = 4.0
 #: Most Triton API reads in flight at once (each holds a worker thread until it answers).
 API_MAX_CONCURRENCY = 8
 #: A health error (a target's text, escaped) is cut to this many characters, in the log and
@@ -73,199 +69,10 @@ HEALTH_ERROR_MAX = 500
 LOG_REPEAT_S = 300.0
 
 
-def deriver_max_gap(scrape_interval: float, api_interval: float | None = None) -> float:
-    """``max_gap_s`` for a target read every ``scrape_interval`` (and ``api_interval``).
-
-    A baseline is too old for a rate only after several missed reads of the slowest source, so
-    a target scraped every 5 minutes still gets rates (a fixed 300 s never would).
-    """
-    slowest = max(scrape_interval, api_interval or 0.0)
-    return max(MIN_MAX_GAP_S, MAX_GAP_INTERVALS * slowest)
-
-
 def stagger_offset(name: str, interval: float) -> float:
     """A stable offset in [0, interval) for ``name``, so targets don't scrape in lockstep."""
     digest = hashlib.sha256(name.encode()).digest()
     return (int.from_bytes(digest[:8], "big") / 2**64) * interval
-
-
-def _with_target_labels(samples: Iterable[Sample], extra: Mapping[str, str]) -> list[Sample]:
-    return [Sample(s.name, _add_labels(s.labels, extra), s.value) for s in samples]
-
-
-def _add_labels(labels: Labels, extra: Mapping[str, str]) -> Labels:
-    # Labels the exposition already carries win over configured target labels, so a
-    # configured `model` label can never hide the model that Triton reported.
-    names = {k for k, _ in labels}
-    add = tuple((k, v) for k, v in extra.items() if k not in names)
-    return tuple(sorted(labels + add)) if add else labels
-
-
-class SelfMetrics:
-    """Tritonwatch's own health on its /metrics: per target up/duration/samples, job failures."""
-
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry or CollectorRegistry()
-        self.up = Gauge(
-            "tritonwatch_target_up", "1 if the last read of the source succeeded",
-            ["target", "source"], registry=self.registry,
-        )
-        self.duration = Gauge(
-            "tritonwatch_scrape_duration_seconds", "Duration of the last read",
-            ["target", "source"], registry=self.registry,
-        )
-        self.samples = Gauge(
-            "tritonwatch_scrape_samples", "Samples from the last read",
-            ["target", "source"], registry=self.registry,
-        )
-        self.job_failures = Counter(
-            "tritonwatch_job_failures", "Scheduled jobs that raised", ["job"],
-            registry=self.registry,
-        )
-        self.job_missed = Counter(
-            "tritonwatch_job_missed", "Scheduled runs skipped because the previous one was late",
-            ["job"], registry=self.registry,
-        )
-        self.store_errors = Counter(
-            "tritonwatch_store_flush_errors", "Failed store flushes (data kept for retry)",
-            registry=self.registry,
-        )
-        self.series_refused = Counter(
-            "tritonwatch_series_limit_refused_samples",
-            "Samples dropped because their new series would take the target past series_limit",
-            ["target"], registry=self.registry,
-        )
-        #: Synthetic probe latency histograms (``tritonwatch_probe_*``), same registry.
-        self.probes = ProbeMetrics(self.registry)
-
-    def record(self, health: TargetHealth) -> None:
-        self.up.labels(health.target, health.source).set(1.0 if health.up else 0.0)
-        self.duration.labels(health.target, health.source).set(health.duration_s)
-        self.samples.labels(health.target, health.source).set(health.samples)
-
-
-class TargetState:
-    def __init__(self, target: TargetConfig, config: Config | None = None) -> None:
-        self.config = target
-        self.limits: ScrapeLimits = (config or Config()).limits_for(target)
-        # The last shape checked against the label and sample limits, and what it broke: a
-        # shape's structure never changes, so an unchanged payload is not checked again.
-        self._limit_check: tuple[Shape, str | None] | None = None
-        has_api = bool(target.http_url or target.grpc_url)
-        if config is not None:
-            scrape_interval = config.interval_for(target)
-            api_interval = config.scrape.api_interval if has_api else None
-        else:  # no global config: only the target's own interval is known
-            scrape_interval, api_interval = target.scrape_interval or 0.0, None
-        self.deriver = Deriver(
-            target.name, max_gap_s=deriver_max_gap(scrape_interval, api_interval)
-        )
-        # The scrape and the API job of this target derive in worker threads; the deriver is
-        # not thread-safe, so they take turns.
-        self.derive_lock = threading.Lock()
-        overrides = {
-            model: ModelConfigInfo(name=model, max_batch_size=size)
-            for model, size in target.max_batch_size.items()
-        }
-        self.overrides = overrides
-        self.configs: dict[str, ModelConfigInfo] = dict(overrides)
-        self.api = (
-            TritonApi(target.name, http_url=target.http_url, grpc_url=target.grpc_url,
-                      headers=target.headers, expected_models=target.expected_models)
-            if target.http_url or target.grpc_url else None
-        )
-        self.latest: list[Sample] = []  # derived SLIs of the last scrape, for display
-        # The shape the next payload is read against (collector.shape).
-        self.shape: Shape | None = None
-        # The last good scrape, column-wise (no per-sample objects kept), as one attribute:
-        # the GPU join reads it in one worker thread while a scrape may be replacing it in
-        # another.
-        # Its derived SLIs travel in the same tuple, so the join never pairs one scrape's values
-        # with another's SLIs.
-        self.last_scrape: tuple[Shape, Values, list[Sample]] | None = None
-        # What the GPU join reads from a payload of the shape, found once per shape (only the
-        # nvml job, one run at a time, touches it).
-        self._gpu_plan: tuple[Shape | None, TritonGpuPlan] = (None, EMPTY_PLAN)
-        # The shape's label tuples with the target's labels added, built once per shape.
-        self._labeled: tuple[Shape | None, list[Labels]] = (None, [])
-        # stored_series()'s last answer: (shape, derived names, derived labels, names, labels).
-        self._stored: tuple[Shape, list[str], list[Labels], list[str], list[Labels]] | None = None
-        # Model configs as last written to the store: only changed ones are written again.
-        self.written_configs: dict[str, dict[str, Any]] = {}
-
-    @property
-    def latest_raw(self) -> list[Sample]:
-        """The raw samples of the last successful scrape, built on demand: one object per
-        series, so not for anything that runs every interval (the GPU join uses
-        ``gpu_reading``)."""
-        last = self.last_scrape
-        if last is None:
-            return []  # never scraped, or down since (forget_scrape)
-        shape, values, _ = last
-        return shape.samples(values)
-
-    def gpu_reading(self) -> TritonReading:
-        """The last successful scrape as the GPU join reads it: its values, through a plan
-        built once per shape, and its derived SLIs.  Empty while there is none."""
-        last = self.last_scrape  # read once: a scrape may replace it meanwhile
-        if last is None:
-            return TritonReading(EMPTY_PLAN, np.empty(0, np.float64), [])
-        shape, values, derived = last
-        cached, plan = self._gpu_plan
-        if cached is not shape:  # a new structure: the old plan (and shape) is dropped
-            plan = TritonGpuPlan(shape.names, shape.labels)
-            self._gpu_plan = (shape, plan)
-        return TritonReading(plan, values, derived)
-
-    def limit_violation(self, shape: Shape) -> str | None:
-        """Why ``shape`` breaks the target's limits, or None (checked once per shape)."""
-        checked = self._limit_check
-        if checked is not None and checked[0] is shape:
-            return checked[1]
-        reason = check_shape(shape, self.limits)
-        self._limit_check = (shape, reason)
-        return reason
-
-    def forget_scrape(self) -> None:
-        """The target is down: its last scrape no longer describes it."""
-        self.latest = []
-        self.last_scrape = None
-        # The shape stays: when the target comes back, its first payload can still match it.
-
-    def shape_labels(self, shape: Shape) -> list[Labels]:
-        """The label tuples to store for ``shape``'s series (with the target's labels)."""
-        extra = self.config.labels
-        if not extra:
-            return shape.labels
-        cached_shape, labeled = self._labeled
-        if cached_shape is not shape:
-            labeled = [_add_labels(labels, extra) for labels in shape.labels]
-            self._labeled = (shape, labeled)
-        return labeled
-
-    def stored_series(
-        self, shape: Shape, names: list[str], labels: list[Labels]
-    ) -> tuple[list[str], list[Labels]]:
-        """The name and label lists to store: ``shape``'s series, then ``names``/``labels``
-        (the derived ones).
-
-        The same list objects as the last scrape's while nothing changed, so that the buffer
-        holds one copy per target rather than one per buffered scrape, and the store
-        recognises the unchanged layout by identity.
-        """
-        cached = self._stored
-        if cached is not None and cached[0] is shape and cached[1] == names and (
-            cached[2] == labels
-        ):
-            return cached[3], cached[4]
-        stored = (shape.names + names, self.shape_labels(shape) + labels)
-        self._stored = (shape, names, labels, *stored)
-        return stored
-
-    def set_configs(self, configs: Mapping[str, ModelConfigInfo]) -> None:
-        merged = dict(configs)
-        merged.update(self.overrides)  # an explicit max_batch_size in the config file wins
-        self.configs = merged
 
 
 class Collector:
@@ -428,7 +235,7 @@ class Collector:
         )
         extra = derived + self._up_samples(health)
         if target.labels:
-            extra = _with_target_labels(extra, target.labels)
+            extra = with_target_labels(extra, target.labels)
         self.latest.put(target.name, "metrics", now, extra)
         names, labels = state.stored_series(
             shape, [s.name for s in extra], [s.labels for s in extra]
@@ -462,7 +269,7 @@ class Collector:
         health = await self._record(health)
         samples = self._up_samples(health)
         if state.config.labels:
-            samples = _with_target_labels(samples, state.config.labels)
+            samples = with_target_labels(samples, state.config.labels)
         await asyncio.to_thread(self._write, name, now, samples)
         return health
 
@@ -499,7 +306,7 @@ class Collector:
             # The health APIs did not answer: neither live nor ready, as a probe would see it.
             down = [Sample("triton_server_live", (), 0.0), Sample("triton_server_ready", (), 0.0)]
             if state.config.labels:
-                down = _with_target_labels(down, state.config.labels)
+                down = with_target_labels(down, state.config.labels)
             self.latest.put(name, "api", now, down)
             await asyncio.to_thread(self._write, name, now, down)
             return health
@@ -527,7 +334,7 @@ class Collector:
             derived = state.deriver.derive(stats, state.configs)
         samples = raw + derived + list(readiness)
         if state.config.labels:
-            samples = _with_target_labels(samples, state.config.labels)
+            samples = with_target_labels(samples, state.config.labels)
         return samples, len(raw)
 
     async def _write_configs(

@@ -53,8 +53,9 @@ from tritonwatch.alerts.report.job import install_report_job
 from tritonwatch.api.app import create_app
 from tritonwatch.api.exporter import Live
 from tritonwatch.cluster import Membership
-from tritonwatch.collector.jobs import Collector, SelfMetrics
+from tritonwatch.collector.jobs import Collector
 from tritonwatch.collector.remote_write.writer import RemoteWrite
+from tritonwatch.collector.self_metrics import SelfMetrics
 from tritonwatch.schemas.config import Config
 from tritonwatch.store import Pending, Store, open_store, spill, writer_lock
 from tritonwatch.store.writer_lock import WriterLock

@@ -13,8 +13,9 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from bench.payloads import triton_payload
 from tests.fixtures_http import FakeTargets, serve_fake_targets
-from tritonwatch.collector.jobs import API_MAX_CONCURRENCY, Collector, SelfMetrics, stagger_offset
+from tritonwatch.collector.jobs import API_MAX_CONCURRENCY, Collector, stagger_offset
 from tritonwatch.collector.parse import parse_fast
+from tritonwatch.collector.self_metrics import SelfMetrics
 from tritonwatch.collector.triton import ApiReading, parse_model_config, stats_families
 from tritonwatch.schemas.config import validate_config
 from tritonwatch.schemas.samples import Sample, Snapshot, TargetHealth

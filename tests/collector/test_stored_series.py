@@ -3,8 +3,8 @@ while the series do not change (the buffer keeps one copy per target, not one pe
 
 from __future__ import annotations
 
-from tritonwatch.collector.jobs import TargetState
 from tritonwatch.collector.shape import parse_columns
+from tritonwatch.collector.target_state import TargetState
 from tritonwatch.schemas.config import TargetConfig
 from tritonwatch.schemas.samples import make_labels
 

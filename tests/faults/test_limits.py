@@ -33,7 +33,8 @@ from fastapi.testclient import TestClient
 from tests.fixtures_http import OK_BODY, FakeTargets, serve_fake_targets
 from tritonwatch.api.app import create_app
 from tritonwatch.api.receiver import WEBHOOK_PATH
-from tritonwatch.collector.jobs import HEALTH_ERROR_MAX, Collector, SelfMetrics
+from tritonwatch.collector.jobs import HEALTH_ERROR_MAX, Collector
+from tritonwatch.collector.self_metrics import SelfMetrics
 from tritonwatch.schemas.alerting import AlertingConfig
 from tritonwatch.schemas.config import ConfigError, validate_config
 from tritonwatch.schemas.samples import TargetHealth
