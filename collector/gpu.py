@@ -133,6 +133,22 @@ class _TritonTarget:
     queue_time: dict[ModelKey, float] = field(default_factory=dict)
 
 
+# NVML's gauges and the ``_Gpu`` field each fills: a whole GPU's, and a MIG instance's (a
+# sample with a ``mig_uuid``), which has no power readings of its own.
+_NVML_GPU_FIELDS = {
+    "nvml_gpu_utilization_ratio": "util",
+    "nvml_gpu_memory_used_bytes": "mem_used",
+    "nvml_gpu_memory_total_bytes": "mem_total",
+    "nvml_gpu_power_watts": "power",
+    "nvml_gpu_power_limit_watts": "power_limit",
+}
+_NVML_MIG_FIELDS = {
+    "nvml_mig_utilization_ratio": "util",
+    "nvml_mig_memory_used_bytes": "mem_used",
+    "nvml_mig_memory_total_bytes": "mem_total",
+}
+
+
 def _nvml_view(samples: Iterable[Sample]) -> dict[str, _Gpu]:
     gpus: dict[str, _Gpu] = {}
     lost: set[str] = set()
@@ -145,25 +161,10 @@ def _nvml_view(samples: Iterable[Sample]) -> dict[str, _Gpu]:
         if name == "nvml_gpu_up" and value == 0.0:
             lost.add(k)
         gpu = gpus.setdefault(k, _Gpu(uuid))
-        if mig:
-            if name == "nvml_mig_utilization_ratio":
-                gpu.util = value
-            elif name == "nvml_mig_memory_used_bytes":
-                gpu.mem_used = value
-            elif name == "nvml_mig_memory_total_bytes":
-                gpu.mem_total = value
-            continue
-        if name == "nvml_gpu_utilization_ratio":
-            gpu.util = value
-        elif name == "nvml_gpu_memory_used_bytes":
-            gpu.mem_used = value
-        elif name == "nvml_gpu_memory_total_bytes":
-            gpu.mem_total = value
-        elif name == "nvml_gpu_power_watts":
-            gpu.power = value
-        elif name == "nvml_gpu_power_limit_watts":
-            gpu.power_limit = value
-        elif name == "nvml_gpu_clocks_event_active":
+        nvml_field = (_NVML_MIG_FIELDS if mig else _NVML_GPU_FIELDS).get(name)
+        if nvml_field is not None:
+            setattr(gpu, nvml_field, value)
+        elif name == "nvml_gpu_clocks_event_active" and not mig:
             if gpu.reasons is None:
                 gpu.reasons = {}
             gpu.reasons[label_value(labels, "reason")] = value

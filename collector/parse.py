@@ -235,6 +235,8 @@ def parse_fast(text: str, *, exposed_names: bool = False) -> list[MetricFamily] 
             continue
         if line[0] == "#":
             line = line.strip()
+            # The HELP and TYPE branches look alike on purpose: each is the reference's own
+            # branch, line for line (a new name resets ``typ`` in one, ``doc`` in the other).
             if line.startswith("# HELP "):
                 cand, _, help_text = line[7:].partition(" ")
                 if not _valid_metric_name(cand) or (
@@ -242,11 +244,8 @@ def parse_fast(text: str, *, exposed_names: bool = False) -> list[MetricFamily] 
                 ):
                     return None
                 if cand != name:
-                    if name:
-                        fam = _build(name, doc, typ, samples, exposed_names)
-                        if fam is None:
-                            return None
-                        out.append(fam)
+                    if not _close(out, name, doc, typ, samples, exposed_names):
+                        return None
                     name = cand
                     typ = "untyped"
                     samples = []
@@ -259,11 +258,8 @@ def parse_fast(text: str, *, exposed_names: bool = False) -> list[MetricFamily] 
                 if not _valid_metric_name(cand) or new_typ not in _FAST_TYPES:
                     return None
                 if cand != name:
-                    if name:
-                        fam = _build(name, doc, typ, samples, exposed_names)
-                        if fam is None:
-                            return None
-                        out.append(fam)
+                    if not _close(out, name, doc, typ, samples, exposed_names):
+                        return None
                     name = cand
                     doc = ""
                     samples = []
@@ -305,11 +301,8 @@ def parse_fast(text: str, *, exposed_names: bool = False) -> list[MetricFamily] 
         if sname in allowed:
             samples.append(new(Sample, (sname, hit[1], value)))
         else:
-            if name:
-                fam = _build(name, doc, typ, samples, exposed_names)
-                if fam is None:
-                    return None
-                out.append(fam)
+            if not _close(out, name, doc, typ, samples, exposed_names):
+                return None
             name = ""
             doc = ""
             typ = "untyped"
@@ -318,12 +311,24 @@ def parse_fast(text: str, *, exposed_names: bool = False) -> list[MetricFamily] 
             single = (new(Sample, (sname, hit[1], value)),)
             out.append(new(MetricFamily, (sname, "untyped", "", single)))
 
-    if name:
-        fam = _build(name, doc, typ, samples, exposed_names)
-        if fam is None:
-            return None
-        out.append(fam)
+    if not _close(out, name, doc, typ, samples, exposed_names):
+        return None
     return out
+
+
+def _close(
+    out: list[MetricFamily], name: str, doc: str, typ: str, samples: list[Sample],
+    exposed_names: bool,
+) -> bool:
+    """Append the family being read (none while ``name`` is empty) to ``out``; False where
+    the fast path declines it."""
+    if not name:
+        return True
+    fam = _build(name, doc, typ, samples, exposed_names)
+    if fam is None:
+        return False
+    out.append(fam)
+    return True
 
 
 # --------------------------------------------------------------------------------------------

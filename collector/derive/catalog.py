@@ -140,52 +140,47 @@ class Role(NamedTuple):
     source: int
 
 
+# Durations are read in seconds: Triton names its counters after their unit.
+_SCALE_OF_UNIT = {"_us": 1e-6, "_ns": 1e-9, "_ms": 1e-3}
 
 
-_US = 1e-6
-_NS = 1e-9
-_MS = 1e-3
+def _scale(family: str) -> float:
+    return _SCALE_OF_UNIT.get(family[-3:], 1.0)
 
-# (family, kind, field, scale); counters are registered under both spellings, histograms through
-# their ``_sum``/``_count`` samples only (the buckets are left to the store's quantile queries).
+
+# (field, kind, /metrics family, statistics-API family): one row per quantity, both sources'
+# names side by side ("" where a source has none); data, so its rows look alike by nature.
+# Counters are registered under both spellings; histograms (below) through their
+# ``_sum``/``_count`` samples only (the buckets are left to the store's quantile queries).
 _COUNTERS = (
-    ("nv_inference_request_success", COUNTER, "success", 1.0),
-    ("nv_inference_request_failure", FAILURE, "fail", 1.0),
-    ("nv_inference_count", COUNTER, "count", 1.0),
-    ("nv_inference_exec_count", COUNTER, "exec", 1.0),
-    ("nv_inference_request_duration_us", COUNTER, "request_s", _US),
-    ("nv_inference_queue_duration_us", COUNTER, "queue_s", _US),
-    ("nv_inference_compute_input_duration_us", COUNTER, "cin_s", _US),
-    ("nv_inference_compute_infer_duration_us", COUNTER, "cinf_s", _US),
-    ("nv_inference_compute_output_duration_us", COUNTER, "cout_s", _US),
-    ("nv_cache_num_hits_per_model", COUNTER, "cache_hit", 1.0),
-    ("nv_cache_num_misses_per_model", COUNTER, "cache_miss", 1.0),
-    ("vllm:prompt_tokens", COUNTER, "vllm_prompt", 1.0),
-    ("vllm:generation_tokens", COUNTER, "vllm_gen", 1.0),
-    ("nv_energy_consumption", ENERGY, "energy", 1.0),
-    ("triton_stats_inference_count", COUNTER, "count", 1.0),
-    ("triton_stats_execution_count", COUNTER, "exec", 1.0),
-    ("triton_stats_success_count", COUNTER, "success", 1.0),
-    ("triton_stats_success_ns", COUNTER, "request_s", _NS),
-    ("triton_stats_fail_count", FAILURE, "fail", 1.0),
-    ("triton_stats_queue_ns", COUNTER, "queue_s", _NS),
-    ("triton_stats_compute_input_ns", COUNTER, "cin_s", _NS),
-    ("triton_stats_compute_infer_ns", COUNTER, "cinf_s", _NS),
-    ("triton_stats_compute_output_ns", COUNTER, "cout_s", _NS),
-    ("triton_stats_cache_hit_count", COUNTER, "cache_hit", 1.0),
-    ("triton_stats_cache_miss_count", COUNTER, "cache_miss", 1.0),
-    ("triton_stats_batch_executions", BATCH_EXEC, "batch_exec", 1.0),
-    ("triton_stats_batch_compute_infer_ns", COUNTER, "busy_s", _NS),
-    ("triton_stats_response_success_count", RESP_COUNT, "resp_count", 1.0),
-    ("triton_stats_response_success_ns", RESP_NS, "resp_s", _NS),
+    ("success", COUNTER, "nv_inference_request_success", "triton_stats_success_count"),
+    ("fail", FAILURE, "nv_inference_request_failure", "triton_stats_fail_count"),
+    ("count", COUNTER, "nv_inference_count", "triton_stats_inference_count"),
+    ("exec", COUNTER, "nv_inference_exec_count", "triton_stats_execution_count"),
+    ("request_s", COUNTER, "nv_inference_request_duration_us", "triton_stats_success_ns"),
+    ("queue_s", COUNTER, "nv_inference_queue_duration_us", "triton_stats_queue_ns"),
+    ("cin_s", COUNTER, "nv_inference_compute_input_duration_us", "triton_stats_compute_input_ns"),
+    ("cinf_s", COUNTER, "nv_inference_compute_infer_duration_us", "triton_stats_compute_infer_ns"),
+    ("cout_s", COUNTER, "nv_inference_compute_output_duration_us",
+     "triton_stats_compute_output_ns"),
+    ("cache_hit", COUNTER, "nv_cache_num_hits_per_model", "triton_stats_cache_hit_count"),
+    ("cache_miss", COUNTER, "nv_cache_num_misses_per_model", "triton_stats_cache_miss_count"),
+    ("vllm_prompt", COUNTER, "vllm:prompt_tokens", ""),
+    ("vllm_gen", COUNTER, "vllm:generation_tokens", ""),
+    ("energy", ENERGY, "nv_energy_consumption", ""),
+    ("batch_exec", BATCH_EXEC, "", "triton_stats_batch_executions"),
+    ("busy_s", COUNTER, "", "triton_stats_batch_compute_infer_ns"),
+    ("resp_count", RESP_COUNT, "", "triton_stats_response_success_count"),
+    ("resp_s", RESP_NS, "", "triton_stats_response_success_ns"),
 )
+# (family, field): the histograms' _sum is scaled to seconds, their _count is a count.
 _HISTOGRAMS = (
-    ("nv_inference_first_response_histogram_ms", "ttft", _MS),
-    ("vllm:time_to_first_token_seconds", "vllm_ttft", 1.0),
-    ("vllm:time_per_output_token_seconds", "vllm_itl", 1.0),
-    ("vllm:e2e_request_latency_seconds", "vllm_e2e", 1.0),
-    ("nv_llm_input_token_len", "trtllm_prompt", 1.0),
-    ("nv_llm_output_token_len", "trtllm_gen", 1.0),
+    ("nv_inference_first_response_histogram_ms", "ttft"),
+    ("vllm:time_to_first_token_seconds", "vllm_ttft"),
+    ("vllm:time_per_output_token_seconds", "vllm_itl"),
+    ("vllm:e2e_request_latency_seconds", "vllm_e2e"),
+    ("nv_llm_input_token_len", "trtllm_prompt"),
+    ("nv_llm_output_token_len", "trtllm_gen"),
 )
 _GAUGES = (
     ("nv_inference_pending_request_count", MODEL_GAUGE, "pending"),
@@ -202,13 +197,15 @@ _GAUGES = (
 
 def _build_roles() -> dict[str, Role]:
     roles: dict[str, Role] = {}
-    for family, kind, fld, scale in _COUNTERS:
-        src = source_of(family)
-        role = Role(family, kind, fld, scale, src)
-        roles[family] = role
-        roles[family + "_total"] = role
-    for family, fld, scale in _HISTOGRAMS:
-        roles[family + "_sum"] = Role(family + "_sum", COUNTER, fld + "_sum", scale, METRICS)
+    for fld, kind, *families in _COUNTERS:
+        for family in families:
+            if family:
+                role = Role(family, kind, fld, _scale(family), source_of(family))
+                roles[family] = role
+                roles[family + "_total"] = role
+    for family, fld in _HISTOGRAMS:
+        roles[family + "_sum"] = Role(family + "_sum", COUNTER, fld + "_sum", _scale(family),
+                                      METRICS)
         roles[family + "_count"] = Role(family + "_count", COUNTER, fld + "_count", 1.0, METRICS)
     for family, kind, fld in _GAUGES:
         roles[family] = Role(family, kind, fld, 1.0, METRICS)
@@ -233,9 +230,9 @@ DERIVED_FROM = frozenset(
 
 #: The raw family names this module reads (as collector/metric_map.py spells them).
 INPUT_FAMILIES: frozenset[str] = frozenset(
-    [f for f, *_ in _COUNTERS if not f.startswith("vllm:")]
-    + [f + "_total" for f, *_ in _COUNTERS if f.startswith("vllm:")]
-    + [f for f, *_ in _HISTOGRAMS]
+    [f for _, _, *fs in _COUNTERS for f in fs if f and not f.startswith("vllm:")]
+    + [f + "_total" for _, _, f, _ in _COUNTERS if f.startswith("vllm:")]
+    + [f for f, _ in _HISTOGRAMS]
     + [f for f, *_ in _GAUGES]
 )
 

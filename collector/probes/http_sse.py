@@ -126,12 +126,7 @@ class HttpSession:
         )
 
     def _on_event(self, data: str, t_ns: int, rec: Recorder) -> bool:
-        try:
-            event = json.loads(data)
-        except ValueError:
-            raise ProbeFailure("protocol", f"event is not JSON: {data[:200]!r}") from None
-        if not isinstance(event, dict):
-            raise ProbeFailure("protocol", f"event is not an object: {data[:200]!r}")
+        event = _event_object(data)
         if "error" in event:
             kind: ErrorKind = "truncated_stream" if rec.token_ns else "server_error"
             raise ProbeFailure(kind, str(event["error"]))
@@ -183,6 +178,17 @@ def _get_json(client: httpx.Client, url: str, timeout: float) -> dict[str, Any]:
     return data
 
 
+def _event_object(data: str) -> dict[str, Any]:
+    """One server-sent event's data as the JSON object both protocols send."""
+    try:
+        event = json.loads(data)
+    except ValueError:
+        raise ProbeFailure("protocol", f"event is not JSON: {data[:200]!r}") from None
+    if not isinstance(event, dict):
+        raise ProbeFailure("protocol", f"event is not an object: {data[:200]!r}")
+    return event
+
+
 def _stream_post(
     client: httpx.Client,
     url: str,
@@ -228,6 +234,8 @@ def _stream_post(
                     raise ProbeFailure("timeout", f"stream still open after {timeout:g}s")
             if end_marker is None:
                 ended = not parser.pending
+    # Mapped apart from _get_json's on purpose: a stream can be cut short (truncated_stream),
+    # and a connect timeout is a connect failure here, not a slow answer.
     except httpx.ConnectError as exc:
         raise ProbeFailure("connect", str(exc) or type(exc).__name__) from None
     except httpx.ConnectTimeout as exc:
@@ -270,12 +278,7 @@ class OpenAISession:
         _stream_post(self._client, url, body, rec, timeout, self._on_event, end_marker="[DONE]")
 
     def _on_event(self, data: str, t_ns: int, rec: Recorder) -> bool:
-        try:
-            event = json.loads(data)
-        except ValueError:
-            raise ProbeFailure("protocol", f"event is not JSON: {data[:200]!r}") from None
-        if not isinstance(event, dict):
-            raise ProbeFailure("protocol", f"event is not an object: {data[:200]!r}")
+        event = _event_object(data)
         if event.get("error"):
             kind: ErrorKind = "truncated_stream" if rec.token_ns else "server_error"
             raise ProbeFailure(kind, _error_text(data.encode()))

@@ -129,12 +129,7 @@ class Encoder:
         """Add one scrape's samples to ``batches`` (one per shard); returns samples added."""
         layout = self._layouts.get(target)
         if layout is None or layout[0] is not names or layout[1] is not labels:
-            shards: list[int] = []
-            raws: list[bytes] = []
-            for name, lab in zip(names, labels, strict=True):
-                shard, raw = self._one(target, name, lab)
-                shards.append(shard)
-                raws.append(raw)
+            shards, raws = self._series_of(target, names, labels)
             layout = (names, labels, shards, raws, {})
             self._layouts[target] = layout
         _, _, shard_of, raws, heads = layout
@@ -143,13 +138,19 @@ class Encoder:
     def encode(self, target: str, ts: float, names: Sequence[str], labels: Sequence[Labels],
                values: Sequence[float], batches: Sequence[Batch]) -> int:
         """Samples given one by one (API readings, ``up``, probe series)."""
+        shards, raws = self._series_of(target, names, labels)
+        return self._add(ts, raws, shards, np.asarray(values, np.float64), batches)
+
+    def _series_of(self, target: str, names: Sequence[str], labels: Sequence[Labels]
+                   ) -> tuple[list[int], list[bytes]]:
+        """Each series' shard and encoded labels, in order."""
         shards: list[int] = []
         raws: list[bytes] = []
         for name, lab in zip(names, labels, strict=True):
             shard, raw = self._one(target, name, lab)
             shards.append(shard)
             raws.append(raw)
-        return self._add(ts, raws, shards, np.asarray(values, np.float64), batches)
+        return shards, raws
 
     def _add(self, ts: float, raws: list[bytes], shard_of: list[int],
              values: NDArray[np.float64], batches: Sequence[Batch],
