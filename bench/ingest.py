@@ -19,8 +19,9 @@ same payload sequence (the server's counters are reset between them):
    and of the PostgreSQL server (postmaster plus children, from /proc/<pid>/stat).
 2. **Per stage**: the same path taken apart and timed stage by stage, one target at a time:
    fetch (httpx, collector.scrape.fetch_metrics), parse (collector.shape.parse_columns: the
-   payload as a value array against the target's shape), derive (the deriver's snapshot and
-   Deriver.derive), store write (Store.write_columns, buffering), health
+   payload as a value array against the target's shape), derive (Deriver.derive_columns: the
+   value array through the deriver's per-source plans), store write (Store.write_columns,
+   buffering), health
    (Store.write_health, which Collector.scrape does once per scrape) and flush (Store.flush,
    once per round).
 """
