@@ -30,8 +30,8 @@ from tritonwatch.collector.derive.catalog import (
     ModelKey,
 )
 from tritonwatch.collector.derive.formulas import (
-    Emit,
     KvGauges,
+    SeriesOut,
     cache_slis,
     core_slis,
     gpu_slis,
@@ -168,7 +168,7 @@ class Deriver:
         config: ModelConfigInfo | None,
         out: list[Sample],
     ) -> None:
-        emit = Emit(model_labels(mkey), out)
+        series = SeriesOut(model_labels(mkey), out)
         # Request-level SLIs: /metrics wins when it has the model's counters.  The stats API
         # stands in only for a model /metrics has never shown with them: a target read through
         # both must not interleave two sources (and two intervals) in one series.
@@ -178,7 +178,7 @@ class Deriver:
         stand_in = s_acc if mkey not in self._core_from_metrics else None
         core = m_acc if from_metrics else stand_in
         if core is not None:
-            core_slis(core, config, emit)
+            core_slis(core, config, series)
 
         if m_acc is not None and "cache_hit" in m_acc.seen:
             self._cache_from_metrics.add(mkey)
@@ -187,19 +187,19 @@ class Deriver:
             else s_acc if mkey not in self._cache_from_metrics else None
         )
         if cache is not None:
-            cache_slis(cache, emit)
+            cache_slis(cache, series)
 
         if m_acc is not None:
-            emit("sli:pending_requests", m_acc.g.get("pending"))
-            llm_latency_slis(m_acc, emit)
+            series.emit("sli:pending_requests", m_acc.g.get("pending"))
+            llm_latency_slis(m_acc, series)
             if m_acc.g:
-                self._kv_slis(mkey, KvGauges(m_acc.g), emit)
-                llm_request_slis(m_acc.g, emit)
+                self._kv_slis(mkey, KvGauges(m_acc.g), series)
+                llm_request_slis(m_acc.g, series)
 
         if s_acc is not None:
-            stats_slis(s_acc, config, emit)
+            stats_slis(s_acc, config, series)
 
-    def _kv_slis(self, mkey: ModelKey, kv: KvGauges, emit: Emit) -> None:
+    def _kv_slis(self, mkey: ModelKey, kv: KvGauges, series: SeriesOut) -> None:
         if not kv.present:
             return
         if not kv.consistent():
@@ -219,4 +219,4 @@ class Deriver:
                 self._kv_bad.add(mkey)
             return
         self._kv_bad.discard(mkey)
-        kv.emit(emit)
+        kv.emit(series)

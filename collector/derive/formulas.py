@@ -2,7 +2,7 @@
 
 Each function reads what :mod:`collector.derive.accumulate` gathered for one model (an
 :class:`~collector.derive.accumulate.Acc`) or one GPU, and appends its SLIs to an output list
-through an :class:`Emit`, in a fixed order (the same input always gives the same output list).
+through a :class:`SeriesOut`, in a fixed order (the same input always gives the same output list).
 Nothing here keeps state between intervals: which source a model's SLIs come from, and which
 models' KV gauges were already reported as inconsistent, is the Deriver's business.
 """
@@ -21,18 +21,19 @@ _KV_TOLERANCE = 0.05
 _KV_FRACTION_TOLERANCE = 0.02
 
 
-class Emit:
-    """Appends one series' samples (one label set) to an output list, skipping ``None``."""
+class SeriesOut:
+    """One label set's samples, appended to an output list; ``emit`` skips ``None``."""
 
-    __slots__ = ("labels", "out")
+    __slots__ = ("labels", "samples")
 
-    def __init__(self, labels: Labels, out: list[Sample]) -> None:
+    def __init__(self, labels: Labels, samples: list[Sample]) -> None:
         self.labels = labels
-        self.out = out
+        self.samples = samples
 
-    def __call__(self, name: str, value: float | None) -> None:
+    # A method, not __call__: a call through __call__ costs twice as much, on every SLI.
+    def emit(self, name: str, value: float | None) -> None:
         if value is not None:
-            self.out.append(Sample(name, self.labels, value))
+            self.samples.append(Sample(name, self.labels, value))
 
 
 def ratio(num: float | None, den: float | None) -> float | None:
@@ -57,7 +58,7 @@ def is_ensemble(config: ModelConfigInfo | None) -> bool:
 # --- per GPU --------------------------------------------------------------------------------
 
 
-def gpu_slis(gpus: dict[str, dict[str, float]], out: list[Sample]) -> set[str]:
+def gpu_slis(gpus: dict[str, dict[str, float]], samples: list[Sample]) -> set[str]:
     """The per-GPU SLIs; returns the GPUs whose DCGM reads failed (every gauge 0)."""
     failed: set[str] = set()
     for gpu, g in gpus.items():
@@ -66,20 +67,20 @@ def gpu_slis(gpus: dict[str, dict[str, float]], out: list[Sample]) -> set[str]:
         if not any(g.values()):
             failed.add(gpu)
             continue
-        emit = Emit((("gpu_uuid", gpu),), out)
-        emit("sli:gpu_utilization", g.get("util"))
-        emit("sli:gpu_memory_used_ratio", ratio(g.get("mem_used"), g.get("mem_total")))
+        out = SeriesOut((("gpu_uuid", gpu),), samples)
+        out.emit("sli:gpu_utilization", g.get("util"))
+        out.emit("sli:gpu_memory_used_ratio", ratio(g.get("mem_used"), g.get("mem_total")))
         power = g.get("power")
         if power is not None:
-            emit("sli:gpu_power_watts", power)
-            emit("sli:gpu_power_ratio", ratio(power, g.get("power_limit")))
+            out.emit("sli:gpu_power_watts", power)
+            out.emit("sli:gpu_power_ratio", ratio(power, g.get("power_limit")))
     return failed
 
 
 # --- per model ------------------------------------------------------------------------------
 
 
-def core_slis(acc: Acc, config: ModelConfigInfo | None, emit: Emit) -> None:
+def core_slis(acc: Acc, config: ModelConfigInfo | None, out: SeriesOut) -> None:
     """Request-level SLIs from one source's request counters."""
     d = acc.d
     dt = acc.dt
@@ -93,71 +94,71 @@ def core_slis(acc: Acc, config: ModelConfigInfo | None, emit: Emit) -> None:
             ("sli:execution_rate", "exec"),
         ):
             if fld in d:
-                emit(name, d[fld] / dt)
+                out.emit(name, d[fld] / dt)
         for reason, failed in acc.fail.items():
-            reason_labels = make_labels((*emit.labels, ("reason", reason)))
-            emit.out.append(Sample("sli:failure_rate", reason_labels, failed / dt))
+            reason_labels = make_labels((*out.labels, ("reason", reason)))
+            out.samples.append(Sample("sli:failure_rate", reason_labels, failed / dt))
     if success is not None and acc.fail:
-        emit("sli:success_ratio", ratio(success, success + sum(acc.fail.values())))
+        out.emit("sli:success_ratio", ratio(success, success + sum(acc.fail.values())))
     avg_batch = ratio(count, execs)
-    emit("sli:avg_batch_size", avg_batch)
+    out.emit("sli:avg_batch_size", avg_batch)
     # max_batch_size 0 means no batch dimension: every request counts as batch 1 and a fill
     # rate would be meaningless (§0 fact 3); an unknown config gives no denominator either.
     if avg_batch is not None and config is not None and config.max_batch_size > 0:
-        emit("sli:batch_fill_rate", avg_batch / config.max_batch_size)
-    emit("sli:requests_per_execution", ratio(success, execs))
-    emit("sli:queue_time_seconds", ratio(d.get("queue_s"), success))
-    emit("sli:request_time_seconds", ratio(d.get("request_s"), success))
+        out.emit("sli:batch_fill_rate", avg_batch / config.max_batch_size)
+    out.emit("sli:requests_per_execution", ratio(success, execs))
+    out.emit("sli:queue_time_seconds", ratio(d.get("queue_s"), success))
+    out.emit("sli:request_time_seconds", ratio(d.get("request_s"), success))
     infer = d.get("cinf_s")
     if infer is not None:
         compute = infer + d.get("cin_s", 0.0) + d.get("cout_s", 0.0)
-        emit("sli:compute_time_seconds", ratio(compute, success))
-    emit("sli:queue_compute_ratio", ratio(d.get("queue_s"), infer))
+        out.emit("sli:compute_time_seconds", ratio(compute, success))
+    out.emit("sli:queue_compute_ratio", ratio(d.get("queue_s"), infer))
 
 
-def cache_slis(acc: Acc, emit: Emit) -> None:
+def cache_slis(acc: Acc, out: SeriesOut) -> None:
     hits = acc.d.get("cache_hit")
     misses = acc.d.get("cache_miss")
     if hits is not None and misses is not None:
-        emit("sli:cache_hit_ratio", ratio(hits, hits + misses))
+        out.emit("sli:cache_hit_ratio", ratio(hits, hits + misses))
 
 
-def stats_slis(acc: Acc, config: ModelConfigInfo | None, emit: Emit) -> None:
+def stats_slis(acc: Acc, config: ModelConfigInfo | None, out: SeriesOut) -> None:
     """The SLIs only the statistics API gives: batch sizes, busy time, per-response times."""
     if acc.batch_exec:
         executions = sum(acc.batch_exec.values())
         if config is not None and config.preferred_batch_sizes:
             preferred = set(config.preferred_batch_sizes)
             hit = sum(n for bs, n in acc.batch_exec.items() if bs in preferred)
-            emit("sli:preferred_batch_hit_ratio", ratio(hit, executions))
+            out.emit("sli:preferred_batch_hit_ratio", ratio(hit, executions))
         if config is not None and config.max_batch_size > 0:
             items = sum(bs * n for bs, n in acc.batch_exec.items())
             avg = ratio(items, executions)
             if avg is not None:
-                emit("sli:stats_batch_fill_rate", avg / config.max_batch_size)
+                out.emit("sli:stats_batch_fill_rate", avg / config.max_batch_size)
     if "busy_s" in acc.d and acc.dt > 0:
-        emit("sli:gpu_busy_seconds_rate", acc.d["busy_s"] / acc.dt)
+        out.emit("sli:gpu_busy_seconds_rate", acc.d["busy_s"] / acc.dt)
     if acc.resp_count:
         first = acc.resp_s.get(0)
-        emit("sli:server_ttft_seconds", ratio(first, acc.resp_count.get(0)))
+        out.emit("sli:server_ttft_seconds", ratio(first, acc.resp_count.get(0)))
         later_count = sum(n for k, n in acc.resp_count.items() if k >= 1)
         later_s = sum(n for k, n in acc.resp_s.items() if k >= 1)
         if later_count > 0:
-            emit("sli:server_itl_seconds", later_s / later_count)
+            out.emit("sli:server_itl_seconds", later_s / later_count)
 
 
-def llm_latency_slis(acc: Acc, emit: Emit) -> None:
+def llm_latency_slis(acc: Acc, out: SeriesOut) -> None:
     """TTFT, inter-token and end-to-end latency, token throughput (vLLM, TRT-LLM, Triton)."""
     d = acc.d
     # Prefer Triton's own TTFT histogram when the model exports it (26.01+ does for every
     # model, vLLM ones included): one source per model keeps the series comparable across
     # backends.  Presence, not movement, decides, so the source never flips between intervals.
     if "ttft_count" in acc.seen:
-        emit("sli:ttft_seconds", ratio(d.get("ttft_sum"), d.get("ttft_count")))
+        out.emit("sli:ttft_seconds", ratio(d.get("ttft_sum"), d.get("ttft_count")))
     else:
-        emit("sli:ttft_seconds", ratio(d.get("vllm_ttft_sum"), d.get("vllm_ttft_count")))
-    emit("sli:itl_seconds", ratio(d.get("vllm_itl_sum"), d.get("vllm_itl_count")))
-    emit("sli:e2e_seconds", ratio(d.get("vllm_e2e_sum"), d.get("vllm_e2e_count")))
+        out.emit("sli:ttft_seconds", ratio(d.get("vllm_ttft_sum"), d.get("vllm_ttft_count")))
+    out.emit("sli:itl_seconds", ratio(d.get("vllm_itl_sum"), d.get("vllm_itl_count")))
+    out.emit("sli:e2e_seconds", ratio(d.get("vllm_e2e_sum"), d.get("vllm_e2e_count")))
     if acc.dt > 0:
         for name, vllm, trtllm in (
             ("sli:generation_tokens_rate", "vllm_gen", "trtllm_gen_sum"),
@@ -165,24 +166,24 @@ def llm_latency_slis(acc: Acc, emit: Emit) -> None:
         ):
             tokens = d.get(vllm) if vllm in acc.seen else d.get(trtllm)
             if tokens is not None:
-                emit(name, tokens / acc.dt)
+                out.emit(name, tokens / acc.dt)
 
 
-def llm_request_slis(g: dict[str, float], emit: Emit) -> None:
+def llm_request_slis(g: dict[str, float], out: SeriesOut) -> None:
     """The TRT-LLM executor's request gauges (active, waiting, batch fill, paused)."""
     active = g.get("request_type=active")
     scheduled = g.get("request_type=scheduled")
     max_requests = g.get("request_type=max")
-    emit("sli:llm_active_requests", active)
+    out.emit("sli:llm_active_requests", active)
     waiting = g.get("request_type=waiting")
     if waiting is None and active is not None and scheduled is not None:
         # Older TRT-LLM (< v0.18) has no `waiting`; it is defined as active - scheduled.
         waiting = max(active - scheduled, 0.0)
-    emit("sli:llm_waiting_requests", waiting)
+    out.emit("sli:llm_waiting_requests", waiting)
     if scheduled is not None and max_requests is not None and scheduled <= max_requests:
         # scheduled > max can only be shifted label values: no sample rather than > 100 %.
-        emit("sli:inflight_batch_fill", ratio(scheduled, max_requests))
-    emit("sli:llm_paused_requests", g.get("inflight_batcher_specific_metric=paused_requests"))
+        out.emit("sli:inflight_batch_fill", ratio(scheduled, max_requests))
+    out.emit("sli:llm_paused_requests", g.get("inflight_batcher_specific_metric=paused_requests"))
 
 
 class KvGauges:
@@ -227,7 +228,7 @@ class KvGauges:
                 return False
         return True
 
-    def emit(self, emit: Emit) -> None:
-        emit("sli:kv_cache_utilization", self.utilization)
-        emit("sli:kv_cache_free_blocks", self.free)
-        emit("sli:kv_cache_reuse_ratio", ratio(self.reused, self.used))
+    def emit(self, out: SeriesOut) -> None:
+        out.emit("sli:kv_cache_utilization", self.utilization)
+        out.emit("sli:kv_cache_free_blocks", self.free)
+        out.emit("sli:kv_cache_reuse_ratio", ratio(self.reused, self.used))
