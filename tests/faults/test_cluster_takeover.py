@@ -2,18 +2,27 @@
 
 A member's database session is its proof of life: when the session ends (its process died, its
 socket closed), the others see it dead and take its leases at their next heartbeat, long before
-its lease TTL runs out.  A member whose own database call fails stops collecting at once, so
-the takeover never makes two collectors read one target.  The end-to-end version, with two
-real ``serve`` processes and SIGKILL, is tests/scale/test_cluster.py.
+its lease TTL runs out, and reads what it took at once.  A member whose own database call fails
+stops collecting at once, so the takeover never makes two collectors read one target.  The
+end-to-end version, with two real ``serve`` processes and SIGKILL, is
+tests/scale/test_cluster.py.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import psycopg
 import pytest
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
+from tests.scale.targets import simulated_targets
 from tritonwatch.cluster import Membership
+from tritonwatch.collector.jobs import Collector, stagger_offset
 from tritonwatch.schemas.cluster import ClusterConfig
+from tritonwatch.schemas.config import validate_config
+from tritonwatch.store import Store
 from tritonwatch.store.leases import ClusterDb
 
 TARGETS = [f"t{i}" for i in range(6)]
@@ -71,3 +80,48 @@ def test_a_member_that_loses_its_session_stops_collecting_at_once_then_takes_its
         assert member.owned == set(TARGETS) and member.owns("t0")
     finally:
         member.db.leave()
+
+
+def test_a_target_taken_over_is_scraped_at_once_and_its_staggered_turn_does_not_double_it(
+    store: Store,
+) -> None:
+    """The survivor reads what it took at once (not up to an interval later at the target's
+    staggered turn), says who it is, and skips a staggered turn that comes right after."""
+    interval = 60.0
+    # a target whose staggered turn is far from the start: only read_now explains a scrape
+    name = next(n for n in (f"sim-{i}" for i in range(100))
+                if stagger_offset(f"scrape:{n}", interval) > interval / 2)
+    with simulated_targets(models=1, gpus=1) as sims:
+        config = validate_config({"targets": [{"name": name, "metrics_url": sims.url(name)}],
+                                  "scrape": {"interval": f"{interval:g}s"}})
+        collector = Collector(config, store)
+        owned: set[str] = set()
+        collector.owns = owned.__contains__
+        collector.member = "member-b"
+
+        async def run() -> tuple[float, int]:
+            scheduler = AsyncIOScheduler(timezone="UTC")
+            collector.install(scheduler)
+            scheduler.start()
+            try:
+                owned.add(name)  # the database granted it
+                taken = time.time()
+                collector.read_now({name})
+                deadline = time.monotonic() + 30
+                while not sims.scrapers(name) and time.monotonic() < deadline:
+                    await asyncio.sleep(0.05)
+                first = sims.scrapers(name)[0][0] - taken
+                # the staggered turn coming now (within half an interval) is skipped ...
+                await collector._scrape_if_owned(name)
+                skipped = len(sims.scrapers(name))
+                # ... and the one after it is not
+                await collector._scrape_if_owned(name)
+                return first, skipped
+            finally:
+                scheduler.shutdown(wait=False)
+                await collector.close()
+
+        first, after_skip = asyncio.run(run())
+        assert first < 10, first  # its staggered turn was over 30 s away
+        assert after_skip == 1
+        assert [m for _, m in sims.scrapers(name)] == ["member-b", "member-b"]
