@@ -76,10 +76,9 @@ class Membership:
         self.db = ClusterDb(store_url, self.member, ttl_s=config.lease_ttl)
         self.on_gain = on_gain
         self.on_owned = on_owned
-        #: Called in the event loop with the targets a round took over from another member
-        #: (or back after an outage), to be read at once; not for the first grant at start.
+        #: Called in the event loop with the targets a round granted this member (taken over
+        #: from another, back after an outage, or its first share), to be read at once.
         self.on_gained = on_gained
-        self._granted_once = False
         #: The targets this member may scrape now (granted by the database).
         self.owned: frozenset[str] = frozenset()
         self.members: list[str] = []
@@ -151,13 +150,12 @@ class Membership:
                 except Exception:
                     log.exception("cluster: heartbeat of %s failed", self.member)
                 gained = self.owned - before
-                if gained and self._granted_once and self.on_gained is not None:
+                if gained and self.on_gained is not None:
                     try:
                         self.on_gained(gained)
                     except Exception:
                         log.exception("cluster: reading the targets %s took over failed",
                                       self.member)
-                self._granted_once = self._granted_once or bool(self.owned)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), self.config.heartbeat)
         finally:

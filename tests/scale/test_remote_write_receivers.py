@@ -220,13 +220,13 @@ def test_a_receiver_stopped_for_ten_minutes_loses_nothing(tmp_path):
     assert seen["retried"] > 0 and seen["pending"] > 1000
     assert seen["lag"] > OUTAGE_S - 60
     assert seen["dropped"] == 0
-    # serve scraped all through it: each target's `up` has no hole over 3 intervals (a loaded
-    # 2-core machine may delay a scrape, never skip a dozen)
+    # serve scraped all through it: each target's `up` has no hole over 5 intervals (a loaded
+    # 2-core machine may delay a scrape by seconds; an outage of serve would be minutes)
     for target in OUTAGE_TARGETS:
         ups = sorted(ms for labels, ms, _ in stored if dict(labels).get("__name__") == "up"
                      and dict(labels).get("target") == target
                      and seen["down_at"] * 1000 < ms < seen["up_at"] * 1000)
         assert len(ups) > 0.8 * OUTAGE_S / OUTAGE_INTERVAL_S, (target, len(ups))
         assert max(b - a for a, b in itertools.pairwise(ups)) \
-            <= 3 * OUTAGE_INTERVAL_S * 1000, target
+            <= 5 * OUTAGE_INTERVAL_S * 1000, target
     _assert_equal_within_precision(got, stored)
