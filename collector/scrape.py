@@ -70,7 +70,9 @@ def make_client(max_connections: int = 100, member: str | None = None) -> httpx.
         max_connections=max_connections, max_keepalive_connections=max_connections
     )
     headers = {"User-Agent": USER_AGENT, "Accept": ACCEPT, "Accept-Encoding": "gzip"}
-    if member is not None:
+    # (a default member name holds the host name: one that no header can carry is left out
+    # rather than failing every scrape)
+    if member is not None and member.isascii() and member.isprintable():
         headers[MEMBER_HEADER] = member
     return httpx.AsyncClient(
         limits=limits,
