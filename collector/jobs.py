@@ -94,6 +94,12 @@ class Collector:
         self.remote = remote or RemoteWrite([])
         #: Which targets this process collects now (``cluster``: its leased share); None: all.
         self.owns: Callable[[str], bool] | None = None
+        #: This process's cluster member name, sent with each scrape (``MEMBER_HEADER``).
+        self.member: str | None = None
+        self._scheduler: AsyncIOScheduler | None = None
+        #: Targets read at once on takeover: monotonic start, so the next staggered run
+        #: does not read them again a moment later.
+        self._read_now: dict[str, float] = {}
         self.clock = clock
         self.metrics = metrics or SelfMetrics()
         self.targets = {t.name: TargetState(t, config) for t in config.targets}
@@ -129,7 +135,8 @@ class Collector:
     @property
     def client(self) -> httpx.AsyncClient:
         if self._client is None:
-            self._client = make_client(max_connections=self.config.scrape.max_concurrency)
+            self._client = make_client(max_connections=self.config.scrape.max_concurrency,
+                                       member=self.member)
         return self._client
 
     async def close(self) -> None:
@@ -438,13 +445,53 @@ class Collector:
         """Whether this process reads ``target`` now (always, outside a cluster)."""
         return self.owns is None or self.owns(target)
 
+    def _just_read(self, job_id: str, interval: float) -> bool:
+        """Whether a takeover read of ``job_id`` started less than half an interval ago (the
+        staggered run then waits for its next turn); clears the mark either way."""
+        started = self._read_now.pop(job_id, None)
+        return started is not None and time.monotonic() - started < interval / 2
+
     async def _scrape_if_owned(self, name: str) -> None:
-        if self.collects(name):
+        interval = self.config.interval_for(self.targets[name].config)
+        if self.collects(name) and not self._just_read(f"scrape:{name}", interval):
             await self.scrape(name)
 
     async def _api_if_owned(self, name: str) -> None:
-        if self.collects(name):
+        if self.collects(name) and not self._just_read(f"api:{name}",
+                                                        self.config.scrape.api_interval):
             await self.read_api(name)
+
+    async def _read_now_if_owned(self, job_id: str, name: str) -> None:
+        if not self.collects(name):
+            return
+        self._read_now[job_id] = time.monotonic()
+        if job_id.startswith("scrape:"):
+            await self.scrape(name)
+        else:
+            await self.read_api(name)
+
+    def read_now(self, names: Iterable[str]) -> None:
+        """Scrape (and read the API of) ``names`` once now, beside their staggered jobs: a
+        cluster member taking them over closes the gap at once instead of up to an interval
+        later.  The staggered schedule is kept (the fleet stays spread out); its next run is
+        skipped if it comes within half an interval of this one.  Call from the event loop
+        after :meth:`install`."""
+        if self._scheduler is None:
+            return
+        now = datetime.now(UTC)
+        for name in names:
+            state = self.targets.get(name)
+            if state is None:
+                continue
+            jobs = [(f"scrape:{name}", self.config.interval_for(state.config))]
+            if state.api is not None:
+                jobs.append((f"api:{name}", self.config.scrape.api_interval))
+            for job_id, interval in jobs:
+                self._scheduler.add_job(
+                    self._read_now_if_owned, "date", run_date=now, args=[job_id, name],
+                    id=f"{job_id}:now", name=f"{job_id}:now", replace_existing=True,
+                    misfire_grace_time=max(1, int(interval)),
+                )
 
     async def _probe_if_owned(self, name: str) -> None:
         if self.collects(self.probes[name].target):
@@ -457,6 +504,7 @@ class Collector:
         first asks :meth:`collects`, so a target moving between members needs no job change.
         """
         scheduler.add_listener(self._on_job_event, EVENT_JOB_ERROR | EVENT_JOB_MISSED)
+        self._scheduler = scheduler
         now = datetime.now(UTC)
         for name, state in self.targets.items():
             interval = self.config.interval_for(state.config)

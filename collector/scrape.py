@@ -58,15 +58,25 @@ def redact_url(url: str) -> str:
     return urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
-def make_client(max_connections: int = 100) -> httpx.AsyncClient:
+#: Sent by a cluster member on every scrape: the target's side (a proxy's log, a test) can
+#: tell which collector read it.
+MEMBER_HEADER = "X-Tritonwatch-Member"
+
+
+def make_client(max_connections: int = 100, member: str | None = None) -> httpx.AsyncClient:
     # One pooled client for every target: keep-alive saves a TCP handshake per scrape, and
     # the per-request timeout below is what bounds each scrape.
     limits = httpx.Limits(
         max_connections=max_connections, max_keepalive_connections=max_connections
     )
+    headers = {"User-Agent": USER_AGENT, "Accept": ACCEPT, "Accept-Encoding": "gzip"}
+    # (a default member name holds the host name: one that no header can carry is left out
+    # rather than failing every scrape)
+    if member is not None and member.isascii() and member.isprintable():
+        headers[MEMBER_HEADER] = member
     return httpx.AsyncClient(
         limits=limits,
-        headers={"User-Agent": USER_AGENT, "Accept": ACCEPT, "Accept-Encoding": "gzip"},
+        headers=headers,
         follow_redirects=False,
         trust_env=False,
     )

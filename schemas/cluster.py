@@ -33,11 +33,13 @@ class ClusterConfig(_Frozen):
     process."""
     heartbeat: PositiveDuration = 5.0
     """How often membership and leases are renewed; a target changes hands within one
-    heartbeat of a member joining or leaving, so keep it at most the scrape interval."""
+    heartbeat of a member joining, leaving or dying, so keep it at most half the scrape
+    interval (a takeover then costs at most one scrape)."""
     lease_ttl: PositiveDuration = 20.0
     """A member (or lease) not renewed for this long is dead: its targets are taken over and,
     if it evaluated, another member takes over evaluation.  Takeover takes at most this plus
-    one heartbeat."""
+    one heartbeat; a killed process (its database session ended) is taken over at the next
+    heartbeat."""
 
     @model_validator(mode="after")
     def _ttl_outlives_heartbeats(self) -> ClusterConfig:

@@ -3,21 +3,33 @@ for one member at a time, the evaluator role.
 
 Every ``cluster.heartbeat`` seconds, in a worker thread (store/leases.py does the SQL):
 
-1. renew this member's row and read the live members;
+1. renew this member's row and read the live members (renewed within ``lease_ttl`` and
+   with their database session still open: store/leases.py);
 2. rendezvous hashing: each target belongs to the live member with the highest
    ``sha256(member, target)``, so a member joining or leaving moves only its own share;
 3. give back the leases of targets this member should no longer own and take or renew those
-   it should (free, expired or already its own): :attr:`Membership.owned` is what the
-   database granted.  A target moving between two live members is given back by the old one
-   at its tick and taken by the new one at its next, so it is never scraped by both;
+   it should (free, expired, held by a dead member, or already its own):
+   :attr:`Membership.owned` is what the database granted.  A target moving between two live
+   members is given back by the old one at its tick and taken by the new one at its next, so
+   it is never scraped by both;
 4. take the evaluator lock if free.  Gaining it reloads the alert state from the database
    (:attr:`on_gain`) before the flag turns on, so the new evaluator continues the last one's
    incidents (same ``startsAt``: Alertmanager deduplicates) and sends their resolves.
 
-A member that cannot reach the database stops collecting once its leases would have expired
-(``lease_ttl`` counted from before its last successful renewal, so before the database lets
-anyone else take them) and gives up the evaluator role at once (the lock lived on the lost
-connection).
+Takeover costs at most one scrape.  A killed process's session ends with its socket, so the
+survivors see it dead at their next heartbeat (within ``heartbeat``, not ``lease_ttl``), and
+the targets they gain are scraped at once (:attr:`on_gained`) rather than at their next
+staggered tick: a target's gap is at most its interval (since the dead member's last scrape)
+plus one heartbeat plus a round, under two intervals while ``heartbeat`` is at most half the
+scrape interval.  A host that vanishes without closing its sockets is seen dead after
+``lease_ttl`` instead.
+
+A member whose database call fails has lost its session (the connection is dropped, and the
+others may take its targets at their next heartbeat), so it stops collecting at once, and gives
+up the evaluator role (the lock lived on that connection); it takes its share back at the next
+heartbeat that reaches the database.  So no target is scraped by two members for longer than
+the time between one's database call failing and the other's next heartbeat, at most a
+heartbeat.
 """
 
 from __future__ import annotations
@@ -56,13 +68,17 @@ class Membership:
 
     def __init__(self, config: ClusterConfig, store_url: str, targets: Iterable[str], *,
                  on_gain: Callable[[], object] | None = None,
-                 on_owned: Callable[[frozenset[str]], None] | None = None) -> None:
+                 on_owned: Callable[[frozenset[str]], None] | None = None,
+                 on_gained: Callable[[frozenset[str]], None] | None = None) -> None:
         self.config = config
         self.member = config.member or default_member()
         self.targets = sorted(set(targets))
         self.db = ClusterDb(store_url, self.member, ttl_s=config.lease_ttl)
         self.on_gain = on_gain
         self.on_owned = on_owned
+        #: Called in the event loop with the targets a round granted this member (taken over
+        #: from another, back after an outage, or its first share), to be read at once.
+        self.on_gained = on_gained
         #: The targets this member may scrape now (granted by the database).
         self.owned: frozenset[str] = frozenset()
         self.members: list[str] = []
@@ -91,9 +107,12 @@ class Membership:
             if self._leader:
                 log.error("cluster: %s lost the evaluator role: %s", self.member, exc)
             self._leader = False
-            if time.monotonic() >= self._valid_until and self.owned:
-                log.error("cluster: %s stops collecting its %d target(s): its leases have "
-                          "expired: %s", self.member, len(self.owned), exc)
+            # The failed call dropped the connection, so its session (our proof of life to the
+            # others) is gone or going: they may take our targets at their next heartbeat.
+            self._valid_until = 0.0
+            if self.owned:
+                log.error("cluster: %s stops collecting its %d target(s) until it reaches the "
+                          "database again: %s", self.member, len(self.owned), exc)
                 self._set_owned(frozenset())
             else:
                 log.warning("cluster: heartbeat of %s failed: %s", self.member, exc)
@@ -125,10 +144,18 @@ class Membership:
         """Tick every heartbeat until ``stop``; then leave (leases and lock given back)."""
         try:
             while not stop.is_set():
+                before = self.owned
                 try:
                     await asyncio.to_thread(self.tick)
                 except Exception:
                     log.exception("cluster: heartbeat of %s failed", self.member)
+                gained = self.owned - before
+                if gained and self.on_gained is not None:
+                    try:
+                        self.on_gained(gained)
+                    except Exception:
+                        log.exception("cluster: reading the targets %s took over failed",
+                                      self.member)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), self.config.heartbeat)
         finally:

@@ -170,8 +170,11 @@ async def _serve(
     membership: Membership | None = None
     if config.cluster.enabled:
         membership = Membership(config.cluster, config.store.url, collector.targets,
-                                on_gain=alert_job.engine.restore)
+                                on_gain=alert_job.engine.restore,
+                                on_gained=collector.read_now)
         collector.owns = membership.owns
+        collector.member = membership.member
+        _check_heartbeat(config)
         _evaluator_only(scheduler, membership)
     host, port = split_listen(listen or config.api.listen)
     # /api/v1/targets lists what this process collects from, not every name the store kept.
@@ -265,6 +268,15 @@ async def _serve(
 
 #: The jobs exactly one cluster member runs: the one holding the evaluator lock.
 EVALUATOR_JOBS = ("alerts:evaluate", "store:maintain", "reports:weekly", "reports:catch-up")
+
+
+def _check_heartbeat(config: Config) -> None:
+    """Warn when a takeover could cost a target more than one scrape (README "Cluster")."""
+    shortest = min((config.interval_for(t) for t in config.targets), default=None)
+    if shortest is not None and config.cluster.heartbeat > shortest / 2:
+        log.warning("cluster.heartbeat (%gs) is over half the shortest scrape interval "
+                    "(%gs): a target taken over from a dead member may miss more than one "
+                    "scrape", config.cluster.heartbeat, shortest)
 
 
 def _evaluator_only(scheduler: AsyncIOScheduler, membership: Membership) -> None:

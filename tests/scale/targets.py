@@ -1,7 +1,8 @@
 """Simulated Triton targets for the scale tests and bench/remote_write.py: a real HTTP server
 in a thread whose ``/metrics/<name>`` answers a Triton-shaped payload with counters that grow
 on every scrape, so each scrape's samples differ from the last, and which counts the scrapes of
-each target (``hits``) with their arrival time, so a test can tell who scraped what when.
+each target (``hits``) with their arrival time and the cluster member that sent it (``scrapers``,
+from tritonwatch's ``X-Tritonwatch-Member`` header), so a test can tell who scraped what when.
 
 ``models`` and ``gpus`` size each payload: 6 counter families per model and 4 gauges per GPU.
 """
@@ -14,6 +15,8 @@ from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from tritonwatch.collector.scrape import MEMBER_HEADER
 
 _COUNTERS = ("nv_inference_request_success", "nv_inference_request_failure",
              "nv_inference_count", "nv_inference_exec_count",
@@ -45,7 +48,9 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         name = self.path.rsplit("/", 1)[-1]
         with self.server.lock:
-            self.server.hits[name].append((time.time(), self.headers.get("User-Agent", "")))
+            now = time.time()
+            self.server.hits[name].append((now, self.headers.get("User-Agent", "")))
+            self.server.members[name].append((now, self.headers.get(MEMBER_HEADER, "")))
             scrape = self.server.scrapes[name] = self.server.scrapes[name] + 1
             broken = name in self.server.broken
         body = b"broken on purpose" if broken else payload(
@@ -64,6 +69,7 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     lock: threading.Lock
     hits: defaultdict[str, list[tuple[float, str]]]
+    members: defaultdict[str, list[tuple[float, str]]]
     scrapes: defaultdict[str, int]
     models: int
     gpus: int
@@ -88,12 +94,18 @@ class SimulatedTargets:
         with self.server.lock:
             return list(self.server.hits[name])
 
+    def scrapers(self, name: str) -> list[tuple[float, str]]:
+        """(arrival time, member name or "") of each scrape of ``name``."""
+        with self.server.lock:
+            return list(self.server.members[name])
+
 
 @contextmanager
 def simulated_targets(models: int = 3, gpus: int = 2) -> Iterator[SimulatedTargets]:
     server = _Server(("127.0.0.1", 0), _Handler)
     server.lock = threading.Lock()
     server.hits = defaultdict(list)
+    server.members = defaultdict(list)
     server.scrapes = defaultdict(int)
     server.models, server.gpus = models, gpus
     server.broken = set()
