@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests import background
+
 pytest_plugins = [
     "tests.fixtures_pg",
     "tests.fixtures_rig",
@@ -41,3 +43,20 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.nodeid.startswith(("tests/faults/", *HELD_FAULTS)):
             item.add_marker(pytest.mark.fault)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Background scenarios (tests/background.py) of the tests that will run start now, and
+    their tests move to the end, so that the scenarios run beside the rest of the suite."""
+    if session.config.option.collectonly:
+        return
+    late = [item for item in session.items if item.name in background.REGISTRY]
+    for item in late:
+        session.items.remove(item)
+        session.items.append(item)
+        background.REGISTRY[item.name].start()
+
+
+def pytest_sessionfinish() -> None:
+    for bg in background.REGISTRY.values():
+        bg.cancel(timeout=240)
