@@ -62,9 +62,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from tritonwatch.alerts.detect import (
-    RegressionRule,
-    SharedLoads,
+from tritonwatch.alerts.baseline import SharedLoads
+from tritonwatch.alerts.detect import RegressionRule
+from tritonwatch.alerts.formatting import (
     alertname_for,
     display,
     fmt_change,

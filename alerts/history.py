@@ -70,7 +70,7 @@ def group_grid(
 
     The groups (in first-seen order) and one row of ``n`` slots per group, NaN where no
     series of the group has a finite point; points of one bucket are averaged (``mean``) or
-    summed (``sum``) over the group's series, as :func:`alerts.detect.group_points` does.
+    summed (``sum``) over the group's series, as :func:`alerts.grouping.group_points` does.
     Groups with no finite point in the range have no row."""
     if not data.keys:
         return [], np.empty((0, n))
@@ -175,7 +175,7 @@ class BucketHistory:
         self.values: F64 = np.empty((0, 0))
         self.reads = 0
         #: Changes whenever :attr:`keys` and :attr:`values` do: what caches of row numbers
-        #: and row statistics (``alerts.detect.BaselineCache``) check before they are used.
+        #: and row statistics (``alerts.baseline.BaselineCache``) check before they are used.
         self.generation = 0
 
     @property

@@ -8,17 +8,11 @@ import numpy as np
 import pytest
 
 from tests.alerts.test_history import CountingStore
+from tritonwatch.alerts.baseline import WEEK_S, baseline_windows
 from tritonwatch.alerts.defaults import _regression_spec
-from tritonwatch.alerts.detect import (
-    WEEK_S,
-    RegressionRule,
-    baseline_windows,
-    detect,
-    fmt_change,
-    mann_whitney_p,
-    regression_rules,
-    robust_z,
-)
+from tritonwatch.alerts.detect import RegressionRule, detect, regression_rules
+from tritonwatch.alerts.formatting import fmt_change
+from tritonwatch.alerts.stats import mann_whitney_p, robust_z
 from tritonwatch.schemas.regressions import RegressionSpec
 from tritonwatch.schemas.samples import Sample, make_labels
 from tritonwatch.store import Store

@@ -16,8 +16,9 @@ import pytest
 from bench.detection import HISTORY_S, Scenario
 from tests.alerts.test_defaults import load
 from tritonwatch.alerts.defaults import default_rules
-from tritonwatch.alerts.detect import RegressionRule, moved_with
+from tritonwatch.alerts.detect import RegressionRule
 from tritonwatch.alerts.engine import Engine
+from tritonwatch.alerts.moved import moved_with
 from tritonwatch.replay import FiredAlert, collect
 from tritonwatch.schemas.regressions import RegressionSpec
 from tritonwatch.schemas.samples import Sample, make_labels
