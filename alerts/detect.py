@@ -66,7 +66,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tritonwatch.alerts.baseline import BaselineCache, HeldBaseline, SharedLoads, baseline_windows
-from tritonwatch.alerts.formatting import display, fmt_change, fmt_duration, fmt_value
+from tritonwatch.alerts.formatting import display, fmt_change, fmt_duration, fmt_value, where
 from tritonwatch.alerts.grouping import GroupKey, SeriesLoader, load_match, matches, summed_median
 from tritonwatch.alerts.model import Rule
 from tritonwatch.alerts.moved import likely_cause, related_moves
@@ -231,7 +231,6 @@ class _Evaluation:
         moved = related_moves(self.loader, spec, key, base_window, now)
         related = tuple(m.text for m in moved)
         cause = likely_cause(moved)
-        where = ", ".join(f"{k}={v}" for k, v in labels) or "all"
         at_load = " at this load" if load_now is not None and load_base is not None else ""
         if base.deploy is not None:
             old_v, new_v, since = base.deploy
@@ -256,7 +255,8 @@ class _Evaluation:
         else:
             load_text = "load unknown (no request rate)"
         description = (
-            f"{label} of {where} on {target}: median {fmt_value(c.current, unit)} over the last "
+            f"{label} of {where(labels)} on {target}: median {fmt_value(c.current, unit)} over "
+            "the last "
             f"{fmt_duration(spec.recent_window)} against {fmt_value(c.baseline, unit)} "
             f"{load_text}, from {against} ({kind}); change {c.change * 100:+.1f} % "
             f"(min {spec.min_effect * 100:.0f} %), robust z {c.z:+.1f}, Mann-Whitney p "

@@ -3,6 +3,11 @@ values and changes."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tritonwatch.schemas.samples import Labels
+
 #: How series are named in annotations, and their unit ("ratio", "s", "req/s", "").
 DISPLAY: dict[str, tuple[str, str]] = {
     "sli:batch_fill_rate": ("batch fill rate", "ratio"),
@@ -66,3 +71,8 @@ def alertname_for(name: str) -> str:
     """``batch_fill_rate_regression`` → ``BatchFillRateRegression``."""
     return "".join(part[:1].upper() + part[1:] for part in name.replace("-", "_").split("_"))
 
+
+
+def where(labels: Labels) -> str:
+    """``model=llm, version=2``: an instance's labels in a sentence (``all`` without any)."""
+    return ", ".join(f"{k}={v}" for k, v in labels) or "all"
