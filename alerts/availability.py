@@ -1,6 +1,7 @@
 """Built-in rules on availability: failures spiking by reason, a target that stops answering.
 Their thresholds and timings come from ``alerts/builtin_rules.yaml`` (built by
-``alerts/defaults.py``)."""
+``alerts/defaults.py``).  Each rule writes its own annotations (a summary, a description, its
+numbers): alike in shape from rule to rule, deliberately not shared, as no two say the same."""
 
 from __future__ import annotations
 
@@ -8,11 +9,9 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pydantic import ConfigDict
-
 from tritonwatch.alerts.formatting import fmt_change, fmt_duration, fmt_value, where
 from tritonwatch.alerts.history import QUANTUM_S, ceil_to, floor_to
-from tritonwatch.alerts.series_reads import MODEL, candidate, group_sums, per_series
+from tritonwatch.alerts.series_reads import MODEL, BuiltinRule, group_sums, per_series
 from tritonwatch.schemas.alerts import AlertCandidate
 from tritonwatch.schemas.config import Duration
 from tritonwatch.schemas.samples import Labels, make_labels
@@ -56,7 +55,7 @@ def sums_counts(
 
 
 @dataclass
-class FailureRatioSpikeRule:
+class FailureRatioSpikeRule(BuiltinRule):
     """Failures by reason / all requests spike above the ratio of the hour before.
 
     The recent ``window`` is read raw on every evaluation.  The hour before is the
@@ -67,15 +66,6 @@ class FailureRatioSpikeRule:
     30 s made evaluation cost grow with the fleet and the stored history.
     """
 
-    # Built from alerts/builtin_rules.yaml through pydantic (alerts/defaults.py): a parameter
-    # it does not know is an error, not ignored.
-    __pydantic_config__ = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
-
-    name: str
-    alertname: str
-    severity: str
-    for_s: float
-    keep_firing_for_s: float
     threshold: float
     window: Duration
     baseline_window: Duration
@@ -155,12 +145,12 @@ class FailureRatioSpikeRule:
                 "baseline_ratio": f"{base:.4g}",
                 "request_rate": f"{total_now:.4g}",
             }
-            out.append(candidate(self, target, labels, ann, ratio))
+            out.append(self.candidate(target, labels, ann, ratio))
         return out
 
 
 @dataclass
-class TargetDownRule:
+class TargetDownRule(BuiltinRule):
     """A target whose latest ``up`` is 0, or that has not been scraped for ``stale_after``.
 
     ``targets``: the targets configured now (``serve`` sets it, see :func:`watch_targets`);
@@ -168,15 +158,6 @@ class TargetDownRule:
     resolve.  ``None`` (replay, backtests over a store alone) judges every target it finds.
     """
 
-    # Built from alerts/builtin_rules.yaml through pydantic (alerts/defaults.py): a parameter
-    # it does not know is an error, not ignored.
-    __pydantic_config__ = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
-
-    name: str
-    alertname: str
-    severity: str
-    for_s: float
-    keep_firing_for_s: float
     stale_after: Duration
     lookback: Duration
     targets: frozenset[str] | None = None
@@ -218,6 +199,6 @@ class TargetDownRule:
                 "description": f"Tritonwatch cannot read {target}: {why}.",
                 "last_scrape_age_seconds": f"{age:.0f}",
             }
-            out.append(candidate(self, target, (), ann, age))
+            out.append(self.candidate(target, (), ann, age))
         return out
 

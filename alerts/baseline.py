@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from tritonwatch.alerts.grouping import GroupKey, load_match, load_names, matches
+from tritonwatch.alerts.grouping import GroupKey, load_match, load_names, matches, summed
 from tritonwatch.alerts.history import BucketHistory, RecentBuckets, ceil_to, floor_to, quantum_for
 from tritonwatch.alerts.stats import LoadModel, fit_load_model
 from tritonwatch.schemas.regressions import RegressionSpec
@@ -179,15 +179,7 @@ class BaselineCache:
                 by_target[t].append(i)
         rows = [hist.values[i] for i in by_target.get(target, ())
                 if matches(hist.keys[i][1], want)]
-        if not rows:
-            return None
-        stacked = np.vstack(rows)
-        present = ~np.isnan(stacked).all(axis=0)
-        if not present.any():
-            return None
-        out: npt.NDArray[np.float64] = np.nansum(stacked, axis=0)
-        out[~present] = np.nan
-        return out
+        return summed(rows)
 
     def deploy(self, kind: str, key: GroupKey, now: float, first_recent: float
                ) -> tuple[GroupKey, float] | None:

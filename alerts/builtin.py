@@ -33,7 +33,7 @@ class RuleDoc(_Strict):
     thresholds: str
 
 
-class BuiltinRule(_Strict):
+class CatalogEntry(_Strict):
     """One built-in rule of the catalog."""
 
     name: str
@@ -60,9 +60,9 @@ class RegressionDefaults(_Strict):
 class Catalog(_Strict):
     version: Literal[1]
     regression_defaults: RegressionDefaults
-    rules: list[BuiltinRule]
+    rules: list[CatalogEntry]
 
-    def rule(self, name: str) -> BuiltinRule:
+    def rule(self, name: str) -> CatalogEntry:
         (found,) = (r for r in self.rules if r.name == name)
         return found
 
@@ -95,7 +95,7 @@ def render_doc(template: str, params: Mapping[str, object]) -> str:
     return _DocFormatter().vformat(" ".join(template.split()), (), params)
 
 
-def readme_row(rule: BuiltinRule, params: Mapping[str, object]) -> str:
+def readme_row(rule: CatalogEntry, params: Mapping[str, object]) -> str:
     """The README table row of ``rule``, built with the values ``params`` (its class's fields
     or its RegressionSpec's, as built)."""
     timing = f"{fmt_duration(rule.for_s)} / {fmt_duration(rule.keep_firing_for_s)}"

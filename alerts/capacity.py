@@ -1,6 +1,7 @@
 """Built-in rules on capacity: the KV cache full or filling up, GPUs idle while requests queue.
 Their thresholds and timings come from ``alerts/builtin_rules.yaml`` (built by
-``alerts/defaults.py``)."""
+``alerts/defaults.py``).  Each rule writes its own annotations (a summary, a description, its
+numbers): alike in shape from rule to rule, deliberately not shared, as no two say the same."""
 
 from __future__ import annotations
 
@@ -9,11 +10,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from pydantic import ConfigDict
 
 from tritonwatch.alerts.formatting import display, fmt_duration, fmt_value, where
 from tritonwatch.alerts.history import RecentBuckets
-from tritonwatch.alerts.series_reads import MODEL, candidate, means
+from tritonwatch.alerts.series_reads import MODEL, BuiltinRule, means
 from tritonwatch.schemas.alerts import AlertCandidate
 from tritonwatch.schemas.config import Duration
 from tritonwatch.schemas.samples import Labels
@@ -23,18 +23,9 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class KvCacheSaturationRule:
+class KvCacheSaturationRule(BuiltinRule):
     """``sli:kv_cache_utilization`` mean over ``window`` at or above ``threshold``."""
 
-    # Built from alerts/builtin_rules.yaml through pydantic (alerts/defaults.py): a parameter
-    # it does not know is an error, not ignored.
-    __pydantic_config__ = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
-
-    name: str
-    alertname: str
-    severity: str
-    for_s: float
-    keep_firing_for_s: float
     threshold: float
     window: Duration
 
@@ -66,12 +57,12 @@ class KvCacheSaturationRule:
                 "utilization": f"{u:.4g}",
                 "threshold": f"{self.threshold:g}",
             }
-            out.append(candidate(self, target, labels, ann, u))
+            out.append(self.candidate(target, labels, ann, u))
         return out
 
 
 @dataclass
-class KvCacheForecastRule:
+class KvCacheForecastRule(BuiltinRule):
     """Linear trend of ``sli:kv_cache_utilization`` reaches ``threshold`` within ``horizon``.
 
     The fit takes the whole ``step`` buckets starting in ``[now - window, now]`` (the one cut
@@ -79,15 +70,6 @@ class KvCacheForecastRule:
     2 min old are kept between evaluations and read once; the fit itself is recomputed.
     """
 
-    # Built from alerts/builtin_rules.yaml through pydantic (alerts/defaults.py): a parameter
-    # it does not know is an error, not ignored.
-    __pydantic_config__ = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
-
-    name: str
-    alertname: str
-    severity: str
-    for_s: float
-    keep_firing_for_s: float
     threshold: float
     window: Duration
     horizon: Duration
@@ -148,23 +130,14 @@ class KvCacheForecastRule:
                 "slope_per_minute": f"{slope * 60:.4g}",
                 "seconds_to_exhaustion": f"{eta:.0f}",
             }
-            out.append(candidate(self, target, labels, ann, eta))
+            out.append(self.candidate(target, labels, ann, eta))
         return out
 
 
 @dataclass
-class GpuIdleWhileQueuedRule:
+class GpuIdleWhileQueuedRule(BuiltinRule):
     """GPUs idle while requests queue: the GPU join series, else Triton's own view."""
 
-    # Built from alerts/builtin_rules.yaml through pydantic (alerts/defaults.py): a parameter
-    # it does not know is an error, not ignored.
-    __pydantic_config__ = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
-
-    name: str
-    alertname: str
-    severity: str
-    for_s: float
-    keep_firing_for_s: float
     threshold: float  # utilization under which a GPU is idle (Triton-only fallback)
     idle_share: float  # of the window: a GPU idle while queued this long is flagged
     window: Duration
@@ -219,5 +192,5 @@ class GpuIdleWhileQueuedRule:
             ),
             "idle_share": f"{share:.3g}",
         }
-        return candidate(self, target, labels, ann, share)
+        return self.candidate(target, labels, ann, share)
 

@@ -20,7 +20,7 @@ from pydantic import TypeAdapter
 
 from tritonwatch.alerts.availability import FailureRatioSpikeRule, TargetDownRule
 from tritonwatch.alerts.baseline import SharedLoads
-from tritonwatch.alerts.builtin import BuiltinRule, catalog, readme_row
+from tritonwatch.alerts.builtin import CatalogEntry, catalog, readme_row
 from tritonwatch.alerts.capacity import (
     GpuIdleWhileQueuedRule,
     KvCacheForecastRule,
@@ -73,7 +73,7 @@ def _regression_spec(name: str, o: DefaultOverride | None) -> RegressionSpec:
 
 
 def _build(
-    rule: BuiltinRule, o: DefaultOverride | None, loads: SharedLoads
+    rule: CatalogEntry, o: DefaultOverride | None, loads: SharedLoads
 ) -> Rule:
     if rule.regression is not None:
         return RegressionRule(_regression_spec(rule.name, o), alertname=rule.alertname,

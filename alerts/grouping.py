@@ -82,13 +82,22 @@ def matches(labels: Labels, want: Mapping[str, str]) -> bool:
     return all(d.get(k) == v for k, v in want.items())
 
 
-def summed_median(arrays: list[npt.NDArray[np.float64]]) -> float | None:
-    """Median over buckets of the sum of ``arrays`` (NaN = no point), buckets with any point."""
+def summed(arrays: list[npt.NDArray[np.float64]]) -> npt.NDArray[np.float64] | None:
+    """``arrays`` (rows of the same buckets, NaN = no point) summed bucket by bucket: NaN where
+    none has a point; None without any point at all."""
     if not arrays:
         return None
     stacked = np.vstack(arrays)
     present = ~np.isnan(stacked).all(axis=0)
     if not present.any():
         return None
-    return float(np.median(np.nansum(stacked[:, present], axis=0)))
+    out: npt.NDArray[np.float64] = np.nansum(stacked, axis=0)
+    out[~present] = np.nan
+    return out
+
+
+def summed_median(arrays: list[npt.NDArray[np.float64]]) -> float | None:
+    """Median over buckets of the sum of ``arrays`` (NaN = no point), buckets with any point."""
+    total = summed(arrays)
+    return None if total is None else float(np.median(total[~np.isnan(total)]))
 

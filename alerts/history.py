@@ -247,6 +247,8 @@ class RecentBuckets:
         how: Literal["mean", "sum"] = "mean",
         match: Mapping[str, str] | None = None,
     ) -> None:
+        # The same parameters as BucketHistory's, deliberately: they are the kept history's,
+        # passed on as they are (and the rest of the window is read with them too).
         self.history = BucketHistory(name, step=step, by=by, how=how, match=match)
         # The last read: several rules sharing this window at one ``now`` read it once.
         self._last: tuple[object, float, float, tuple[F64, dict[GroupKey, F64]]] | None = None

@@ -74,6 +74,7 @@ def moved_with(
     names: Sequence[str] = DEFAULT_RELATED,
     step: float = 60.0,
     skip: Sequence[str] = (),
+    loader: SeriesLoader | None = None,
 ) -> list[Moved]:
     """What moved with a regression: each of ``names`` on ``target`` (series of the model
     ``model`` names, e.g. ``{"model": "llm", "version": "2"}``; ``sli:gpu_*`` series of every
@@ -82,20 +83,10 @@ def moved_with(
     ratio|), largest first; series without data in ``recent`` are left out.
 
     The alert annotations' "likely cause" and the dashboard's "what moved with it" both come
-    from here."""
-    loader = SeriesLoader(store, step)
-    return _moved(loader, target, dict(model), recent, baseline, names, skip)
-
-
-def _moved(
-    loader: SeriesLoader,
-    target: str,
-    model: dict[str, str],
-    recent: tuple[float, float],
-    baseline: tuple[float, float],
-    names: Sequence[str],
-    skip: Sequence[str],
-) -> list[Moved]:
+    from here.  ``loader``: the reads of the evaluation asking (its step, not ``step``)."""
+    if loader is None:
+        loader = SeriesLoader(store, step)
+    model = dict(model)
     out: list[Moved] = []
     for name in names:
         if name in skip:
@@ -139,6 +130,7 @@ def related_moves(
     target, labels = key
     names = spec.related if spec.related is not None else DEFAULT_RELATED
     skip = [spec.series, *load_names(spec)]
-    return _moved(loader, target, load_match(labels), (now - spec.recent_window,
-                  now + spec.step), base_window, names, skip)
+    return moved_with(loader.store, target, load_match(labels),
+                      recent=(now - spec.recent_window, now + spec.step), baseline=base_window,
+                      names=names, step=spec.step, skip=skip, loader=loader)
 

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
+from pydantic import ConfigDict
 
 from tritonwatch.schemas.alerts import AlertCandidate
 from tritonwatch.schemas.samples import Labels, make_labels
@@ -21,23 +23,30 @@ if TYPE_CHECKING:
 MODEL = ("model", "version")
 
 
-class RuleIdentity(Protocol):
-    """What names a built-in rule's alerts (its fields, from ``alerts/builtin_rules.yaml``)."""
+@dataclass
+class BuiltinRule:
+    """What every threshold and forecast built-in rule has: its names, severity and timings
+    (from ``alerts/builtin_rules.yaml``)."""
+
+    # Built from alerts/builtin_rules.yaml through pydantic (alerts/defaults.py): a parameter
+    # it does not know is an error, not ignored.
+    __pydantic_config__ = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
 
     name: str
     alertname: str
     severity: str
+    for_s: float
+    keep_firing_for_s: float
 
-
-def candidate(
-    rule: RuleIdentity, target: str, extra: Labels, annotations: Mapping[str, str], value: float
-) -> AlertCandidate:
-    """An alert instance of ``rule`` on ``target``; ``extra`` (the model, GPU, ...) names the
-    instance beside the target."""
-    lbl = {"alertname": rule.alertname, "rule": rule.name, "target": target,
-           "severity": rule.severity}
-    lbl.update(dict(extra))
-    return AlertCandidate(make_labels(lbl), make_labels(annotations), value)
+    def candidate(
+        self, target: str, extra: Labels, annotations: Mapping[str, str], value: float
+    ) -> AlertCandidate:
+        """An alert instance on ``target``; ``extra`` (the model, GPU, ...) names the instance
+        beside the target."""
+        lbl = {"alertname": self.alertname, "rule": self.name, "target": target,
+               "severity": self.severity}
+        lbl.update(dict(extra))
+        return AlertCandidate(make_labels(lbl), make_labels(annotations), value)
 
 
 def means(
