@@ -9,8 +9,9 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tritonwatch.alerts.formatting import fmt_change, fmt_duration, fmt_value, where
+from tritonwatch.alerts.formatting import fmt_change, fmt_value, where
 from tritonwatch.alerts.history import QUANTUM_S, ceil_to, floor_to
+from tritonwatch.alerts.rules import format_duration
 from tritonwatch.alerts.series_reads import MODEL, BuiltinRule, group_sums, per_series
 from tritonwatch.schemas.alerts import AlertCandidate
 from tritonwatch.schemas.config import Duration
@@ -137,9 +138,9 @@ class FailureRatioSpikeRule(BuiltinRule):
                 "description": (
                     f"{where(labels)} on {target}: {mean(a):.3g} failures/s with reason "
                     f"{reason} out of {total_now:.3g} requests/s over the last "
-                    f"{fmt_duration(self.window)} ({ratio * 100:.1f} %, threshold "
+                    f"{format_duration(self.window)} ({ratio * 100:.1f} %, threshold "
                     f"{self.threshold * 100:.0f} %); baseline {base * 100:.2f} % over the "
-                    f"{fmt_duration(self.baseline_window)} before."
+                    f"{format_duration(self.baseline_window)} before."
                 ),
                 "failure_ratio": f"{ratio:.4g}",
                 "baseline_ratio": f"{base:.4g}",
@@ -189,9 +190,9 @@ class TargetDownRule(BuiltinRule):
             if value >= 1 and age <= self.stale_after:
                 continue
             if value < 1:
-                why = f"its last scrape failed ({fmt_duration(max(age, 0))} ago)"
+                why = f"its last scrape failed ({format_duration(max(age, 0))} ago)"
             else:
-                why = f"it has not been scraped for {fmt_duration(round(age))}"
+                why = f"it has not been scraped for {format_duration(round(age))}"
             if target in errors:
                 why += f": {errors[target]}"
             ann = {

@@ -13,7 +13,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from tritonwatch.alerts.formatting import fmt_duration
+from tritonwatch.alerts.rules import format_duration
 from tritonwatch.schemas.config import Duration
 
 CATALOG_FILE = Path(__file__).with_name("builtin_rules.yaml")
@@ -78,7 +78,7 @@ def _pct(value: float) -> str:
 
 
 _FORMATS: dict[str, Callable[[float], str]] = {
-    "dur": fmt_duration,
+    "dur": format_duration,
     "pct": _pct,
     "pts": lambda v: f"{v * 100:g}",
 }
@@ -98,6 +98,7 @@ def render_doc(template: str, params: Mapping[str, object]) -> str:
 def readme_row(rule: CatalogEntry, params: Mapping[str, object]) -> str:
     """The README table row of ``rule``, built with the values ``params`` (its class's fields
     or its RegressionSpec's, as built)."""
-    timing = f"{fmt_duration(rule.for_s)} / {fmt_duration(rule.keep_firing_for_s)}"
+    timing = " / ".join(format_duration(s) if s else "0"  # not "0ms"
+                        for s in (rule.for_s, rule.keep_firing_for_s))
     return (f"| `{rule.name}` ({rule.alertname}) | {render_doc(rule.doc.flags, params)} | "
             f"{render_doc(rule.doc.thresholds, params)} | {timing} |")

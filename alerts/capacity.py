@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tritonwatch.alerts.formatting import display, fmt_duration, fmt_value, where
+from tritonwatch.alerts.formatting import display, fmt_value, where
 from tritonwatch.alerts.history import RecentBuckets
+from tritonwatch.alerts.rules import format_duration
 from tritonwatch.alerts.series_reads import MODEL, BuiltinRule, means
 from tritonwatch.schemas.alerts import AlertCandidate
 from tritonwatch.schemas.config import Duration
@@ -51,7 +52,7 @@ class KvCacheSaturationRule(BuiltinRule):
                 "summary": summary,
                 "description": (
                     f"KV-cache of {where(labels)} on {target} is {u * 100:.1f} % used "
-                    f"({fmt_duration(self.window)} mean), threshold "
+                    f"({format_duration(self.window)} mean), threshold "
                     f"{self.threshold * 100:.0f} %: new requests wait or are preempted."
                 ),
                 "utilization": f"{u:.4g}",
@@ -121,10 +122,10 @@ class KvCacheForecastRule(BuiltinRule):
             ann = {
                 "summary": summary,
                 "description": (
-                    f"A least-squares line through the last {fmt_duration(self.window)} of "
+                    f"A least-squares line through the last {format_duration(self.window)} of "
                     f"KV-cache utilization of {where(labels)} on {target} ({len(y)} points, "
                     f"slope t={t_stat:.1f}) reaches {self.threshold * 100:.0f} % in "
-                    f"{eta / 60:.1f} min (horizon {fmt_duration(self.horizon)})."
+                    f"{eta / 60:.1f} min (horizon {format_duration(self.horizon)})."
                 ),
                 "utilization": f"{level:.4g}",
                 "slope_per_minute": f"{slope * 60:.4g}",
@@ -181,13 +182,13 @@ class GpuIdleWhileQueuedRule(BuiltinRule):
     ) -> AlertCandidate:
         summary = (
             f"GPU idle while requests queue ({share * 100:.0f} % of the last "
-            f"{fmt_duration(self.window)})" + "".join(f"; {t}" for t in extra)
+            f"{format_duration(self.window)})" + "".join(f"; {t}" for t in extra)
         )
         ann = {
             "summary": summary,
             "description": (
                 f"GPU {where(labels)} of {target} was idle while models on it had queued "
-                f"requests for {share * 100:.0f} % of the last {fmt_duration(self.window)}: "
+                f"requests for {share * 100:.0f} % of the last {format_duration(self.window)}: "
                 "check instance placement, max_queue_delay_microseconds and the input pipeline."
             ),
             "idle_share": f"{share:.3g}",

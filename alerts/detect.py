@@ -66,10 +66,11 @@ import numpy as np
 import numpy.typing as npt
 
 from tritonwatch.alerts.baseline import BaselineCache, HeldBaseline, SharedLoads, baseline_windows
-from tritonwatch.alerts.formatting import display, fmt_change, fmt_duration, fmt_value, where
+from tritonwatch.alerts.formatting import display, fmt_change, fmt_value, where
 from tritonwatch.alerts.grouping import GroupKey, SeriesLoader, load_match, matches, summed_median
 from tritonwatch.alerts.model import Rule
 from tritonwatch.alerts.moved import likely_cause, related_moves
+from tritonwatch.alerts.rules import format_duration
 from tritonwatch.alerts.stats import Comparison, is_regression, judge
 from tritonwatch.schemas.alerts import AlertCandidate
 from tritonwatch.schemas.regressions import RegressionSpec
@@ -223,10 +224,10 @@ class _Evaluation:
         label, unit = display(spec.series)
         against = (
             "the same hours last week" if kind == "week_ago"
-            else f"the {fmt_duration(spec.baseline_window)} before"
+            else f"the {format_duration(spec.baseline_window)} before"
         )
         short_against = (
-            "last week" if kind == "week_ago" else f"last {fmt_duration(spec.baseline_window)}"
+            "last week" if kind == "week_ago" else f"last {format_duration(spec.baseline_window)}"
         )
         moved = related_moves(self.loader, spec, key, base_window, now)
         related = tuple(m.text for m in moved)
@@ -236,7 +237,7 @@ class _Evaluation:
             old_v, new_v, since = base.deploy
             hhmm = time.strftime("%H:%M", time.gmtime(since))
             short_against = f"version {old_v}, since version {new_v} at {hhmm} UTC"
-            against = (f"version {old_v} over the {fmt_duration(spec.baseline_window)} before "
+            against = (f"version {old_v} over the {format_duration(spec.baseline_window)} before "
                        f"version {new_v} appeared at {hhmm} UTC")
         summary = (
             f"{label[:1].upper()}{label[1:]} {fmt_change(c.current, c.baseline)} vs "
@@ -257,7 +258,7 @@ class _Evaluation:
         description = (
             f"{label} of {where(labels)} on {target}: median {fmt_value(c.current, unit)} over "
             "the last "
-            f"{fmt_duration(spec.recent_window)} against {fmt_value(c.baseline, unit)} "
+            f"{format_duration(spec.recent_window)} against {fmt_value(c.baseline, unit)} "
             f"{load_text}, from {against} ({kind}); change {c.change * 100:+.1f} % "
             f"(min {spec.min_effect * 100:.0f} %), robust z {c.z:+.1f}, Mann-Whitney p "
             f"{c.p_value:.1g}, {c.n_recent} vs {c.n_baseline} points."
@@ -268,7 +269,7 @@ class _Evaluation:
             "summary": summary,
             "description": description,
             "baseline": kind,
-            "baseline_window": fmt_duration(spec.baseline_window),
+            "baseline_window": format_duration(spec.baseline_window),
             "current_value": f"{c.current:.6g}",
             "baseline_value": f"{c.baseline:.6g}",
             "change_percent": f"{c.change * 100:.1f}",

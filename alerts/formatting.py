@@ -53,16 +53,6 @@ def fmt_change(current: float, baseline: float) -> str:
     return f"{(ratio - 1) * 100:+.0f} %"
 
 
-def fmt_duration(seconds: float) -> str:
-    if seconds >= 86400 and seconds % 86400 == 0:
-        return f"{seconds / 86400:g} d"
-    if seconds >= 3600 and seconds % 3600 == 0:
-        return f"{seconds / 3600:g} h"
-    if seconds >= 60:
-        return f"{seconds / 60:g} min"
-    return f"{seconds:g} s"
-
-
 def display(series: str) -> tuple[str, str]:
     return DISPLAY.get(series, (series, ""))
 

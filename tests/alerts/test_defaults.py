@@ -166,7 +166,7 @@ def test_annotation_numbers(store: Store) -> None:
     load(store, Scenario("ttft_increase", 0.5, 0, ONSET))
     (c,) = rule("ttft_regression").evaluate(store, ONSET + 25 * 60)
     ann = dict(c.annotations)
-    assert re.match(r"TTFT \+\d+ % vs last 4 h", ann["summary"]), ann["summary"]
+    assert re.match(r"TTFT \+\d+ % vs last 4h", ann["summary"]), ann["summary"]
     # Every signal is quoted in the description, the ones that moved 10 % or more (the
     # likely cause) in the summary too.
     assert "KV-cache utilization" in ann["description"] and "queue time" in ann["description"]

@@ -59,7 +59,7 @@ def test_fires_on_a_drop_at_same_load_with_numbers_in_annotations(store: Store) 
     assert f.comparison.change == pytest.approx(-0.4, abs=0.06)
     ann = dict(f.candidate.annotations)
     assert ann["summary"].startswith("Batch fill rate -")
-    assert "vs last 4 h" in ann["summary"]
+    assert "vs last 4h" in ann["summary"]
     assert "queue time" in ann["summary"] and "\u00d7" in ann["summary"]  # queue time x3
     assert "req/s" in ann["description"] and "robust z" in ann["description"]
     assert float(ann["change_percent"]) == pytest.approx(-40, abs=6)
