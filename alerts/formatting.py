@@ -57,11 +57,6 @@ def display(series: str) -> tuple[str, str]:
     return DISPLAY.get(series, (series, ""))
 
 
-def alertname_for(name: str) -> str:
-    """``batch_fill_rate_regression`` → ``BatchFillRateRegression``."""
-    return "".join(part[:1].upper() + part[1:] for part in name.replace("-", "_").split("_"))
-
-
 
 def where(labels: Labels) -> str:
     """``model=llm, version=2``: an instance's labels in a sentence (``all`` without any)."""
