@@ -3,8 +3,8 @@
 SLO burn-rate rules (alerts/slo.py, alerts/rules.py), regression rules (alerts/detect.py) and
 the other built-in rules (alerts/capacity.py, alerts/availability.py) all implement
 :class:`Rule`.  They read history through the store's query layer (``range``, ``increase``,
-``rate``, ``buckets``, ``probe_results``) at ``now``, so the same rules run live (``serve``), over a recording in simulated time
-(``replay``) and over stored history (``backtest``).
+``rate``, ``buckets``, ``probe_results``) at ``now``, so the same rules run live (``serve``),
+over a recording in simulated time (``replay``) and over stored history (``backtest``).
 """
 
 from __future__ import annotations
