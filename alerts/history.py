@@ -70,7 +70,7 @@ def group_grid(
 
     The groups (in first-seen order) and one row of ``n`` slots per group, NaN where no
     series of the group has a finite point; points of one bucket are averaged (``mean``) or
-    summed (``sum``) over the group's series, as :func:`alerts.detect.group_points` does.
+    summed (``sum``) over the group's series, as :func:`alerts.grouping.group_points` does.
     Groups with no finite point in the range have no row."""
     if not data.keys:
         return [], np.empty((0, n))
@@ -175,7 +175,7 @@ class BucketHistory:
         self.values: F64 = np.empty((0, 0))
         self.reads = 0
         #: Changes whenever :attr:`keys` and :attr:`values` do: what caches of row numbers
-        #: and row statistics (``alerts.detect.BaselineCache``) check before they are used.
+        #: and row statistics (``alerts.baseline.BaselineCache``) check before they are used.
         self.generation = 0
 
     @property
@@ -247,6 +247,8 @@ class RecentBuckets:
         how: Literal["mean", "sum"] = "mean",
         match: Mapping[str, str] | None = None,
     ) -> None:
+        # The same parameters as BucketHistory's, deliberately: they are the kept history's,
+        # passed on as they are (and the rest of the window is read with them too).
         self.history = BucketHistory(name, step=step, by=by, how=how, match=match)
         # The last read: several rules sharing this window at one ``now`` read it once.
         self._last: tuple[object, float, float, tuple[F64, dict[GroupKey, F64]]] | None = None

@@ -104,6 +104,16 @@ _KEPT = {
 }
 
 
+def _translated_sli(queries: Mapping[str, str]) -> dict[str, Any]:
+    """:func:`_sli_from_queries`, its plain ValueError as a ``_Refused`` of the first query."""
+    try:
+        return _sli_from_queries(queries)
+    except _Refused:
+        raise
+    except ValueError as exc:
+        raise _Refused(next(iter(queries)), str(exc)) from None
+
+
 def _sli_from_queries(queries: Mapping[str, str]) -> dict[str, Any]:
     """An SLI dict from named PromQL queries (field path → query), or ValueError.
 
@@ -187,12 +197,19 @@ def import_sloth(doc: Mapping[str, Any], *, window: str = "30d") -> Imported:
             out.append(_sloth_slo(slo, where, service, common, window, notes))
         except ValueError as exc:
             errors.append(str(exc))
-    if not errors and not out:
-        errors.append("slos: no SLO in the file")
-    if errors:
-        raise ConfigError("sloth", errors)
-    return Imported(tuple(out), tuple(notes))
+    return _imported("sloth", out, notes, errors, "slos: no SLO in the file")
 
+
+
+def _imported(
+    source: str, out: list[SloSpec], notes: list[str], errors: list[str], empty: str
+) -> Imported:
+    """What an importer found, or ``ConfigError`` with every error (``empty`` without any SLO)."""
+    if not errors and not out:
+        errors.append(empty)
+    if errors:
+        raise ConfigError(source, errors)
+    return Imported(tuple(out), tuple(notes))
 
 def _sloth_slo(
     slo: Mapping[str, Any], where: str, service: str, common: Mapping[str, str], window: str,
@@ -210,12 +227,7 @@ def _sloth_slo(
         raise _Refused(f"{where}.sli.plugin", "SLI plugins cannot be translated")
     else:
         raise _Refused(f"{where}.sli", "expected one of events, raw, plugin")
-    try:
-        translated = _sli_from_queries(queries)
-    except _Refused:
-        raise
-    except ValueError as exc:
-        raise _Refused(next(iter(queries)), str(exc)) from None
+    translated = _translated_sli(queries)
     if slo.get("plugins"):
         notes.append(f"{where}.plugins: ignored (no equivalent)")
     alerting = slo.get("alerting") or {}
@@ -277,11 +289,7 @@ def import_openslo(docs: Iterable[Mapping[str, Any]]) -> Imported:
             out.append(_openslo_slo(doc, f"[{i}]", slis, notes))
         except ValueError as exc:
             errors.append(str(exc))
-    if not errors and not out:
-        errors.append("no kind: SLO document in the file")
-    if errors:
-        raise ConfigError("openslo", errors)
-    return Imported(tuple(out), tuple(notes))
+    return _imported("openslo", out, notes, errors, "no kind: SLO document in the file")
 
 
 def _openslo_slo(
@@ -339,12 +347,7 @@ def _openslo_slo(
             )
     if not queries:
         raise _Refused(f"{ipath}.ratioMetric", "needs good or bad, and total")
-    try:
-        translated = _sli_from_queries(queries)
-    except _Refused:
-        raise
-    except ValueError as exc:
-        raise _Refused(next(iter(queries)), str(exc)) from None
+    translated = _translated_sli(queries)
     if spec.get("alertPolicies"):
         notes.append(f"{where}.spec.alertPolicies: replaced by the multiwindow burn-rate tiers")
     labels = {}

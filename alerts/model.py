@@ -1,10 +1,10 @@
 """What every alert rule is to the engine: a name, timings, and ``evaluate``.
 
-SLO burn-rate rules (alerts/slo.py, alerts/rules.py), threshold rules and regression rules
-(alerts/detect.py, alerts/defaults.py) all implement :class:`Rule`.  They read history through the
-store's query layer (``range``, ``increase``, ``rate``, ``buckets``, ``probe_results``) at
-``now``, so the same rules run live (``serve``), over a recording in simulated time
-(``replay``) and over stored history (``backtest``).
+SLO burn-rate rules (alerts/slo.py, alerts/rules.py), regression rules (alerts/detect.py) and
+the other built-in rules (alerts/capacity.py, alerts/availability.py) all implement
+:class:`Rule`.  They read history through the store's query layer (``range``, ``increase``,
+``rate``, ``buckets``, ``probe_results``) at ``now``, so the same rules run live (``serve``),
+over a recording in simulated time (``replay``) and over stored history (``backtest``).
 """
 
 from __future__ import annotations

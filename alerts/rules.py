@@ -229,8 +229,9 @@ def _aggregate(agg: str, points: list[tuple[float, float]]) -> float | None:
 def rules_from_file(rules: RulesFile) -> list[Rule]:
     """The SLO, threshold, regression and built-in rules of a validated file."""
     # Imported here: the regression detectors and built-in rules live in their own modules.
+    from tritonwatch.alerts.baseline import SharedLoads
     from tritonwatch.alerts.defaults import default_rules
-    from tritonwatch.alerts.detect import SharedLoads, regression_rules
+    from tritonwatch.alerts.detect import regression_rules
 
     loads: SharedLoads = {}  # load histories, shared by every regression rule of the file
     out: list[Rule] = [SloBurnRule.from_spec(s) for s in rules.slos]

@@ -26,7 +26,7 @@ import pandas as pd
 import streamlit as st
 
 from tritonwatch.alerts import slo as slo_maths
-from tritonwatch.alerts.detect import Moved, moved_with
+from tritonwatch.alerts.moved import Moved, moved_with
 from tritonwatch.schemas.alerts import AlertEvent, AlertState
 from tritonwatch.schemas.config import ConfigError, load_config
 from tritonwatch.schemas.probes import ProbeResult
@@ -553,7 +553,7 @@ def alert_events(url: str, start: float, end: float) -> tuple[AlertEvent, ...]:
 # --- why -------------------------------------------------------------------------------------
 
 #: The server-side parts that could explain a slower first token, as the regression rules'
-#: "what moved with it" names them (alerts/detect.py).
+#: "what moved with it" names them (alerts/moved.py).
 WHY_SERIES = (
     "sli:queue_time_seconds",
     "sli:compute_time_seconds",
@@ -568,7 +568,7 @@ WHY_SERIES = (
 @dataclass(frozen=True)
 class Why:
     """The probe latency of a model over the second half of the window against the first,
-    and what moved with it (``alerts.detect.moved_with``)."""
+    and what moved with it (``alerts.moved.moved_with``)."""
 
     latency: Moved | None
     moved: tuple[Moved, ...]

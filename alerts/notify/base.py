@@ -184,6 +184,10 @@ class _ScrubFilter(logging.Filter):
 
     httpx logs every request at INFO as ``HTTP Request: POST <full URL> ...``; with a chat
     webhook that line would carry the token in its path to whatever handler is configured.
+    collector/remote_write/writer.py's ``_RedactUrls`` hooks the same loggers the same way,
+    deliberately apart: the collector may not import alerts (nor alerts the collector), it
+    swaps whole URLs for their redacted form where this masks secrets wherever they stand,
+    and a filter shared by both would belong below both packages.
     """
 
     def __init__(self) -> None:

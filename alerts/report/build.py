@@ -16,7 +16,7 @@ Where each number comes from:
   week; each SLO's budget spent in an incident is the SLO's bad events in it over the window's
   budget in events (``(1 - objective) * total``) at the week's end.
 - **Regressions**: per series, this week's hourly means against last week's (the detector's
-  statistics, ``alerts.detect.compare``): at least ``REGRESSION_MIN_EFFECT`` worse, Mann-Whitney
+  statistics, ``alerts.stats.compare``): at least ``REGRESSION_MIN_EFFECT`` worse, Mann-Whitney
   p ≤ ``REGRESSION_ALPHA``, at comparable load (request rate within ±15 %).
 - **Efficiency**: per model, means of hourly means, each against the week before.
 - **Advice**: ``advice.py``, from the efficiency numbers and the model configs.
@@ -34,11 +34,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tritonwatch.alerts.detect import compare, display, load_comparable, relative_change
+from tritonwatch.alerts.formatting import display
 from tritonwatch.alerts.report import model as m
 from tritonwatch.alerts.report.advice import advise
 from tritonwatch.alerts.report.weeks import Week
 from tritonwatch.alerts.slo import NO_EVENTS, Events, Slo, burn_rate, events, slo_status
+from tritonwatch.alerts.stats import compare, load_comparable, relative_change
 from tritonwatch.schemas.alerts import AlertEvent
 from tritonwatch.schemas.rules import AvailabilitySli, QueueTimeSli, SloSpec
 from tritonwatch.schemas.samples import Labels, label_value

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
@@ -29,6 +29,11 @@ def render_json(report: Report) -> str:
     return json.dumps(to_json(report), indent=2, ensure_ascii=False, allow_nan=False) + "\n"
 
 
+def _dashed(show: Callable[[float], str]) -> Callable[[float | None], str]:
+    """``show``, with an en dash for no data."""
+    return lambda x: DASH if x is None else show(x)
+
+
 class _Fmt:
     """Number formatting shared by the HTML and Markdown renderers (an en dash for no data)."""
 
@@ -39,29 +44,11 @@ class _Fmt:
     def pct(x: float | None, digits: int = 1) -> str:
         return DASH if x is None else f"{x * 100:.{digits}f} %"
 
-    @staticmethod
-    def points(x: float | None) -> str:
-        return DASH if x is None else f"{x * 100:+.3f} pt"
-
-    @staticmethod
-    def change(x: float | None) -> str:
-        if x is None:
-            return DASH
-        if math.isinf(x):
-            return "new"
-        return f"{x * 100:+.1f} %"
-
-    @staticmethod
-    def burn(x: float | None) -> str:
-        return DASH if x is None else f"{x:.3g}x"
-
-    @staticmethod
-    def num(x: float | None) -> str:
-        return DASH if x is None else f"{x:.3g}"
-
-    @staticmethod
-    def ms(x: float | None) -> str:
-        return DASH if x is None else f"{x * 1000:.3g} ms"
+    points = staticmethod(_dashed(lambda v: f"{v * 100:+.3f} pt"))
+    change = staticmethod(_dashed(lambda v: "new" if math.isinf(v) else f"{v * 100:+.1f} %"))
+    burn = staticmethod(_dashed(lambda v: f"{v:.3g}x"))
+    num = staticmethod(_dashed(lambda v: f"{v:.3g}"))
+    ms = staticmethod(_dashed(lambda v: f"{v * 1000:.3g} ms"))
 
     @staticmethod
     def dur(s: float) -> str:

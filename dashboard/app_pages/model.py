@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from tritonwatch.alerts.detect import fmt_change
+from tritonwatch.alerts.formatting import fmt_change
 from tritonwatch.dashboard import charts, loaders
 from tritonwatch.dashboard.state import current
 from tritonwatch.dashboard.text import md

@@ -8,17 +8,11 @@ import numpy as np
 import pytest
 
 from tests.alerts.test_history import CountingStore
+from tritonwatch.alerts.baseline import WEEK_S, baseline_windows
 from tritonwatch.alerts.defaults import _regression_spec
-from tritonwatch.alerts.detect import (
-    WEEK_S,
-    RegressionRule,
-    baseline_windows,
-    detect,
-    fmt_change,
-    mann_whitney_p,
-    regression_rules,
-    robust_z,
-)
+from tritonwatch.alerts.detect import RegressionRule, detect, regression_rules
+from tritonwatch.alerts.formatting import fmt_change
+from tritonwatch.alerts.stats import mann_whitney_p, robust_z
 from tritonwatch.schemas.regressions import RegressionSpec
 from tritonwatch.schemas.samples import Sample, make_labels
 from tritonwatch.store import Store
@@ -65,7 +59,7 @@ def test_fires_on_a_drop_at_same_load_with_numbers_in_annotations(store: Store) 
     assert f.comparison.change == pytest.approx(-0.4, abs=0.06)
     ann = dict(f.candidate.annotations)
     assert ann["summary"].startswith("Batch fill rate -")
-    assert "vs last 4 h" in ann["summary"]
+    assert "vs last 4h" in ann["summary"]
     assert "queue time" in ann["summary"] and "\u00d7" in ann["summary"]  # queue time x3
     assert "req/s" in ann["description"] and "robust z" in ann["description"]
     assert float(ann["change_percent"]) == pytest.approx(-40, abs=6)

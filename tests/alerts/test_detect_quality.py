@@ -16,8 +16,9 @@ import pytest
 from bench.detection import HISTORY_S, Scenario
 from tests.alerts.test_defaults import load
 from tritonwatch.alerts.defaults import default_rules
-from tritonwatch.alerts.detect import RegressionRule, moved_with
+from tritonwatch.alerts.detect import RegressionRule
 from tritonwatch.alerts.engine import Engine
+from tritonwatch.alerts.moved import moved_with
 from tritonwatch.replay import FiredAlert, collect
 from tritonwatch.schemas.regressions import RegressionSpec
 from tritonwatch.schemas.samples import Sample, make_labels
@@ -195,7 +196,7 @@ def test_a_ttft_regression_names_the_model_and_ranks_what_moved_with_it(store: S
     assert cause.startswith("paused requests 12.3 (\u00d7"), cause  # x24: the largest move
     assert "queue time 40 ms (\u00d74.0)" in cause and "KV-cache utilization 97 %" in cause
     assert "compute time" not in cause and "GPU utilization" not in cause  # did not move
-    assert re.match(r"TTFT \+(49|50|51) % vs last 4 h at this load; paused requests",
+    assert re.match(r"TTFT \+(49|50|51) % vs last 4h at this load; paused requests",
                     ann["summary"]), ann["summary"]
     # The same ranking, as a plain function (the dashboard's "what moved with it").
     moved = moved_with(store, "t1", {"model": "llm", "version": "1"},

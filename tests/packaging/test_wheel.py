@@ -75,6 +75,7 @@ def test_the_wheel_holds_one_top_level_name_and_the_demo_models(wheel: Path) -> 
     for folder in _PRODUCT_FOLDERS:
         assert f"tritonwatch/{folder}/__init__.py" in names
     assert "tritonwatch/alerts/windows.yaml" in names
+    assert "tritonwatch/alerts/builtin_rules.yaml" in names  # the built-in rules, read at start
     assert "tritonwatch/alerts/report/report.html.j2" in names
     for model in ("batcher", "fake_llm"):
         assert f"tritonwatch/rig_models/{model}/config.pbtxt" in names

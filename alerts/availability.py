@@ -1,0 +1,205 @@
+"""Built-in rules on availability: failures spiking by reason, a target that stops answering.
+Their thresholds and timings come from ``alerts/builtin_rules.yaml`` (built by
+``alerts/defaults.py``).  Each rule writes its own annotations (a summary, a description, its
+numbers): alike in shape from rule to rule, deliberately not shared, as no two say the same."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from tritonwatch.alerts.formatting import fmt_change, fmt_value, where
+from tritonwatch.alerts.history import QUANTUM_S, ceil_to, floor_to
+from tritonwatch.alerts.rules import format_duration
+from tritonwatch.alerts.series_reads import MODEL, BuiltinRule, group_sums, per_series
+from tritonwatch.schemas.alerts import AlertCandidate
+from tritonwatch.schemas.config import Duration
+from tritonwatch.schemas.samples import Labels, make_labels
+
+if TYPE_CHECKING:
+    from tritonwatch.store import SeriesKey, Store
+
+
+def sums_counts(
+    store: Store, name: str, lo: float, hi: float, by: tuple[str, ...]
+) -> dict[tuple[str, Labels], list[float]]:
+    """Per group (target, ``by`` labels): ``[sum, count]`` of the finite samples with
+    ``lo <= ts <= hi``, from 5-minute ``sum`` and ``count`` buckets.
+
+    For a window on the 5-minute grid these come from the 5-minute rollup up to its watermark
+    (raw after it) instead of every raw sample of the window.  A series with a non-finite
+    bucket sum (a NaN or infinite sample: the bucket cannot tell its finite samples apart) is
+    read raw instead.
+    """
+    acc: dict[tuple[str, Labels], list[float]] = {}
+
+    def add(key: SeriesKey, total: float, n: float) -> None:
+        lbl = dict(key.labels)
+        a = acc.setdefault((key.target, make_labels({k: lbl[k] for k in by if k in lbl})),
+                           [0.0, 0.0])
+        a[0] += total
+        a[1] += n
+
+    count_cols = store.bucket_columns(name, start=lo, end=hi, step=QUANTUM_S, agg="count")
+    counts = dict(zip(count_cols.keys, per_series(count_cols).tolist(), strict=True))
+    sum_cols = store.bucket_columns(name, start=lo, end=hi, step=QUANTUM_S, agg="sum")
+    for key, total in zip(sum_cols.keys, per_series(sum_cols).tolist(), strict=True):
+        if math.isfinite(total):
+            add(key, total, counts.get(key, 0.0))
+            continue
+        for raw in store.range(name, start=lo, end=hi, target=key.target, match=dict(key.labels)):
+            if raw.labels == key.labels:
+                finite = [v for v in raw.values if math.isfinite(v)]
+                add(key, math.fsum(finite), float(len(finite)))
+    return acc
+
+
+@dataclass
+class FailureRatioSpikeRule(BuiltinRule):
+    """Failures by reason / all requests spike above the ratio of the hour before.
+
+    The recent ``window`` is read raw on every evaluation.  The hour before is the
+    ``baseline_window`` of whole 5-minute intervals ending on the 5-minute grid line at or
+    before the recent window's start (0 to 5 min before it; that gap is in neither window): so
+    it comes from the 5-minute rollup, and changes only once per 5 minutes, when it is read
+    again (``_baseline`` caches it); re-reading an hour of raw samples of every target every
+    30 s made evaluation cost grow with the fleet and the stored history.
+    """
+
+    threshold: float
+    window: Duration
+    baseline_window: Duration
+    min_traffic: float
+    factor: float
+    margin: float
+    # (window, {(target, model labels): [sum, count]} of request rates, likewise failures
+    # by reason); replaced when the window moves to the next 5 minutes.
+    _baseline: tuple[tuple[float, float], dict[Any, list[float]], dict[Any, list[float]]] | None = (
+        field(default=None, init=False, repr=False, compare=False))
+
+    def baseline_span(self, now: float) -> tuple[float, float]:
+        """The baseline's ``[start, end)`` at ``now``: whole 5-minute intervals."""
+        end = floor_to(now - self.window, QUANTUM_S)
+        return end - ceil_to(self.baseline_window, QUANTUM_S), end
+
+    def _base(
+        self, store: Store, now: float
+    ) -> tuple[dict[Any, list[float]], dict[Any, list[float]]]:
+        span = self.baseline_span(now)
+        if self._baseline is None or self._baseline[0] != span:
+            lo, hi = span[0], span[1] - 0.001  # [start, end): the store's end is inclusive
+            ok = sums_counts(store, "sli:request_rate", lo, hi, MODEL)
+            fail = sums_counts(store, "sli:failure_rate", lo, hi, (*MODEL, "reason"))
+            self._baseline = (span, ok, fail)
+        return self._baseline[1], self._baseline[2]
+
+    def evaluate(self, store: Store, now: float) -> list[AlertCandidate]:
+        split = now - self.window
+        ok_base, fail_base = self._base(store, now)
+
+        # [sum, count] of the finite samples of (split, now].
+        ok_now = group_sums(store.range_columns("sli:request_rate", start=split, end=now),
+                             MODEL, after=split)
+        fail_now = group_sums(store.range_columns("sli:failure_rate", start=split, end=now),
+                               (*MODEL, "reason"), after=split)
+
+        def mean(a: list[float] | None) -> float:
+            return a[0] / a[1] if a is not None and a[1] else 0.0
+
+        def model_key(key: tuple[str, Labels]) -> tuple[str, Labels]:
+            return key[0], tuple(p for p in key[1] if p[0] != "reason")
+
+        fail_all: dict[tuple[str, Labels], list[float]] = {}  # [recent, baseline] mean rates
+        for src, i in ((fail_now, 0), (fail_base, 1)):
+            for key, a in src.items():
+                # Mean rates add up over reasons.
+                fail_all.setdefault(model_key(key), [0.0, 0.0])[i] += mean(a)
+        out: list[AlertCandidate] = []
+        for (target, labels), a in sorted(fail_now.items()):
+            mkey = model_key((target, labels))
+            allf = fail_all[mkey]
+            total_now = mean(ok_now.get(mkey)) + allf[0]
+            total_base = mean(ok_base.get(mkey)) + allf[1]
+            if total_now < self.min_traffic:
+                continue
+            ratio = mean(a) / total_now
+            base = mean(fail_base.get((target, labels))) / total_base if total_base > 0 else 0.0
+            if ratio < self.threshold or ratio < self.factor * base + self.margin:
+                continue
+            reason = dict(labels).get("reason", "ALL")
+            summary = (
+                f"{ratio * 100:.1f} % of requests failing ({reason}) vs "
+                f"{base * 100:.2f} % in the hour before; "
+                f"{fmt_value(total_now, 'req/s')} ({fmt_change(total_now, total_base)})"
+            )
+            ann = {
+                "summary": summary,
+                "description": (
+                    f"{where(labels)} on {target}: {mean(a):.3g} failures/s with reason "
+                    f"{reason} out of {total_now:.3g} requests/s over the last "
+                    f"{format_duration(self.window)} ({ratio * 100:.1f} %, threshold "
+                    f"{self.threshold * 100:.0f} %); baseline {base * 100:.2f} % over the "
+                    f"{format_duration(self.baseline_window)} before."
+                ),
+                "failure_ratio": f"{ratio:.4g}",
+                "baseline_ratio": f"{base:.4g}",
+                "request_rate": f"{total_now:.4g}",
+            }
+            out.append(self.candidate(target, labels, ann, ratio))
+        return out
+
+
+@dataclass
+class TargetDownRule(BuiltinRule):
+    """A target whose latest ``up`` is 0, or that has not been scraped for ``stale_after``.
+
+    ``targets``: the targets configured now (``serve`` sets it, see :func:`watch_targets`);
+    the store keeps the history of removed ones, which are not down but gone, so their alerts
+    resolve.  ``None`` (replay, backtests over a store alone) judges every target it finds.
+    """
+
+    stale_after: Duration
+    lookback: Duration
+    targets: frozenset[str] | None = None
+
+    def evaluate(self, store: Store, now: float) -> list[AlertCandidate]:
+        last: dict[str, tuple[float, float]] = {}  # target -> (ts, value) of latest ``up``
+        for sd in store.buckets("up", start=now - self.lookback, end=now, step=60.0,
+                                agg="min"):
+            if sd.ts and (sd.target not in last or sd.ts[-1] > last[sd.target][0]):
+                last[sd.target] = (sd.ts[-1], sd.values[-1])
+        # The latest raw samples decide (a bucket's min hides a recovery inside it).
+        recent = store.range("up", start=now - 2 * self.stale_after, end=now)
+        for sd in recent:
+            if sd.ts and sd.ts[-1] >= last.get(sd.target, (-math.inf, 0.0))[0]:
+                last[sd.target] = (sd.ts[-1], sd.values[-1])
+        errors: dict[str, str] = {}
+        for h in store.health():
+            if h.source != "metrics":
+                continue
+            if h.error:
+                errors[h.target] = h.error
+            if h.target not in last or h.ts > last[h.target][0]:
+                last[h.target] = (h.ts, 1.0 if h.up else 0.0)
+        out: list[AlertCandidate] = []
+        for target, (ts, value) in sorted(last.items()):
+            if self.targets is not None and target not in self.targets:
+                continue
+            age = now - ts
+            if value >= 1 and age <= self.stale_after:
+                continue
+            if value < 1:
+                why = f"its last scrape failed ({format_duration(max(age, 0))} ago)"
+            else:
+                why = f"it has not been scraped for {format_duration(round(age))}"
+            if target in errors:
+                why += f": {errors[target]}"
+            ann = {
+                "summary": f"Target {target} is not answering",
+                "description": f"Tritonwatch cannot read {target}: {why}.",
+                "last_scrape_age_seconds": f"{age:.0f}",
+            }
+            out.append(self.candidate(target, (), ann, age))
+        return out
+

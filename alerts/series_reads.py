@@ -1,0 +1,83 @@
+"""What the threshold and forecast built-in rules (``alerts/capacity.py``,
+``alerts/availability.py``) share: per-group means and sums of a window's samples, and their
+alerts."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
+from pydantic import ConfigDict
+
+from tritonwatch.schemas.alerts import AlertCandidate
+from tritonwatch.schemas.samples import Labels, make_labels
+
+if TYPE_CHECKING:
+    from tritonwatch.store import SeriesColumns, Store
+
+#: The labels of a model's series that identify it.
+MODEL = ("model", "version")
+
+
+@dataclass
+class BuiltinRule:
+    """What every threshold and forecast built-in rule has: its names, severity and timings
+    (from ``alerts/builtin_rules.yaml``)."""
+
+    # Built from alerts/builtin_rules.yaml through pydantic (alerts/defaults.py): a parameter
+    # it does not know is an error, not ignored.
+    __pydantic_config__ = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+    name: str
+    alertname: str
+    severity: str
+    for_s: float
+    keep_firing_for_s: float
+
+    def candidate(
+        self, target: str, extra: Labels, annotations: Mapping[str, str], value: float
+    ) -> AlertCandidate:
+        """An alert instance on ``target``; ``extra`` (the model, GPU, ...) names the instance
+        beside the target."""
+        lbl = {"alertname": self.alertname, "rule": self.name, "target": target,
+               "severity": self.severity}
+        lbl.update(dict(extra))
+        return AlertCandidate(make_labels(lbl), make_labels(annotations), value)
+
+
+def means(
+    store: Store, name: str, now: float, window: float, by: tuple[str, ...]
+) -> dict[tuple[str, Labels], float]:
+    """Mean over ``[now - window, now]`` of each group (target, ``by`` labels)."""
+    acc = group_sums(store.range_columns(name, start=now - window, end=now), by)
+    return {k: a[0] / a[1] for k, a in acc.items() if a[1]}
+
+
+def per_series(cols: SeriesColumns) -> npt.NDArray[np.float64]:
+    """The sum of each series' points."""
+    if not cols.keys:
+        return np.empty(0)
+    with np.errstate(invalid="ignore", over="ignore"):  # +inf and -inf: NaN, not a warning
+        return np.add.reduceat(cols.values, cols.bounds[:-1])
+
+
+def group_sums(
+    cols: SeriesColumns, by: tuple[str, ...], after: float = -math.inf
+) -> dict[tuple[str, Labels], list[float]]:
+    """Per group (target, ``by`` labels) of ``cols``' series: ``[sum, count]`` of their finite
+    points stamped after ``after``; a group whose series have none is there with zeros."""
+    sums, counts = cols.finite_sums(after)
+    acc: dict[tuple[str, Labels], list[float]] = {}
+    for key, total, n in zip(cols.keys, sums.tolist(), counts.tolist(), strict=True):
+        lbl = dict(key.labels)
+        a = acc.setdefault((key.target, make_labels({k: lbl[k] for k in by if k in lbl})),
+                           [0.0, 0.0])
+        a[0] += total
+        a[1] += n
+    return acc
+
+

@@ -1,0 +1,305 @@
+"""The statistics of a regression verdict: robust z and Mann-Whitney on a window against a
+baseline, and the load model (a log-log Theil-Sen line of a series against its load) that says
+what a baseline expects at the load now.  Pure functions of arrays: no store, no formatting.
+The method is described in ``alerts/detect.py``'s docstring."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+import numpy.typing as npt
+
+from tritonwatch.schemas.regressions import RegressionSpec
+
+_MAD_TO_SIGMA = 1.4826
+_MEDIAN_SE = 1.2533  # sqrt(pi/2): standard error of a median over that of a mean
+_SIGMA_FLOOR = 0.01  # of the baseline level
+
+
+class Comparison(NamedTuple):
+    """The statistics of one recent window against one baseline."""
+
+    current: float  # recent median
+    baseline: float  # baseline median
+    change: float  # relative change of the median, signed (+0.38 = +38 %)
+    z: float  # robust z of the recent median, signed
+    p_value: float  # one-sided Mann-Whitney p in the spec's bad direction
+    n_recent: int
+    n_baseline: int
+    elasticity: float = 0.0  # slope of log series on log load the comparison used
+
+
+
+Values = Sequence[float] | npt.NDArray[np.float64]
+
+
+def robust_z(recent: Values, baseline: Values) -> float:
+    """Robust z of the recent median against the baseline (median, MAD); signed."""
+    r = np.asarray(recent, dtype=float)
+    b = np.asarray(baseline, dtype=float)
+    med_b = float(np.median(b))
+    sigma = _MAD_TO_SIGMA * float(np.median(np.abs(b - med_b)))
+    sigma = max(sigma, _SIGMA_FLOOR * abs(med_b), 1e-12)
+    se = _MEDIAN_SE * sigma / math.sqrt(len(r))
+    return (float(np.median(r)) - med_b) / se
+
+
+def mann_whitney_p(recent: Values, baseline: Values, direction: str) -> float:
+    """One-sided Mann-Whitney U p-value that ``recent`` is stochastically greater (``up``) or
+    smaller (``down``) than ``baseline``: normal approximation with tie correction and
+    continuity correction (accurate enough for the 5+ vs 20+ samples used here)."""
+    r = np.asarray(recent, dtype=float)
+    b = np.asarray(baseline, dtype=float)
+    n1, n2 = len(r), len(b)
+    if n1 == 0 or n2 == 0:
+        return 1.0
+    both = np.concatenate([r, b])
+    _, inverse, counts = np.unique(both, return_inverse=True, return_counts=True)
+    starts = np.cumsum(counts) - counts
+    ranks = (starts + (counts + 1) / 2.0)[inverse]
+    u1 = float(ranks[:n1].sum()) - n1 * (n1 + 1) / 2.0
+    n = n1 + n2
+    ties = float(((counts.astype(float) ** 3) - counts).sum())
+    var = n1 * n2 / 12.0 * ((n + 1) - ties / (n * (n - 1)))
+    if var <= 0:
+        return 1.0
+    mean = n1 * n2 / 2.0
+    diff = (u1 - mean) if direction == "up" else (mean - u1)
+    z = (diff - 0.5) / math.sqrt(var)
+    return 0.5 * math.erfc(z / math.sqrt(2.0))
+
+
+def compare(recent: Values, baseline: Values, direction: str) -> Comparison:
+    """Medians, relative change, robust z and Mann-Whitney p of ``recent`` vs ``baseline``."""
+    cur = float(np.median(np.asarray(recent, dtype=float)))
+    base = float(np.median(np.asarray(baseline, dtype=float)))
+    return Comparison(
+        current=cur,
+        baseline=base,
+        change=relative_change(cur, base),
+        z=robust_z(recent, baseline),
+        p_value=mann_whitney_p(recent, baseline, direction),
+        n_recent=len(recent),
+        n_baseline=len(baseline),
+    )
+
+
+def is_regression(c: Comparison, spec: RegressionSpec) -> bool:
+    """Effect size, robust z and Mann-Whitney all say "worse" in the spec's direction."""
+    sign = 1.0 if spec.direction == "up" else -1.0
+    if abs(c.baseline) <= spec.min_baseline:
+        return False
+    return (
+        sign * c.change >= spec.min_effect
+        and sign * c.z >= spec.z_threshold
+        and c.p_value <= spec.alpha
+    )
+
+
+
+def load_comparable(current: float | None, baseline: float | None, tolerance: float) -> bool:
+    """True when both loads are known and within ``tolerance`` (relative), or both unknown.
+
+    Load known in one window and missing in the other is *not* comparable: traffic may have
+    stopped or started, which is exactly what the guard is there to catch."""
+    if current is None and baseline is None:
+        return True
+    if current is None or baseline is None:
+        return False
+    if baseline <= 0:
+        return current <= 0
+    return abs(current - baseline) / baseline <= tolerance
+
+
+
+def relative_change(current: float, baseline: float) -> float:
+    """``(current - baseline) / |baseline|``; +inf for a rise from zero."""
+    if baseline != 0:
+        return (current - baseline) / abs(baseline)
+    return math.inf if current > 0 else 0.0
+
+
+
+# --- the load model --------------------------------------------------------------------------
+
+#: Confidence of the interval of the load response (the Theil-Sen slope): within it the
+#: detector takes the slope least favourable to a verdict.
+SLOPE_CONFIDENCE_Z = 2.576  # 99 %, two-sided
+_LOG_FLOOR = 1e-3  # of the baseline median: a zero (idle) bucket counts as this in log space
+_SAME_LOAD = 0.02  # |log load change| under which the slope does not matter
+
+
+def _log(values: npt.NDArray[np.float64], floor: float) -> npt.NDArray[np.float64]:
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.log(np.maximum(values, floor))
+
+
+def smooth(values: npt.NDArray[np.float64], width: int) -> npt.NDArray[np.float64]:
+    """Centred moving mean over ``width`` buckets, NaN ignored (NaN where none)."""
+    if width <= 1 or len(values) == 0:
+        return values.copy()
+    ok = ~np.isnan(values)
+    sums = np.concatenate([[0.0], np.cumsum(np.where(ok, values, 0.0))])
+    counts = np.concatenate([[0], np.cumsum(ok)])
+    half = width // 2
+    idx = np.arange(len(values))
+    lo = np.maximum(idx - half, 0)
+    hi = np.minimum(idx - half + width, len(values))
+    n = counts[hi] - counts[lo]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out: npt.NDArray[np.float64] = (sums[hi] - sums[lo]) / n
+    out[n == 0] = np.nan
+    return out
+
+
+def theil_sen(x: npt.NDArray[np.float64], y: npt.NDArray[np.float64],
+              z: float = SLOPE_CONFIDENCE_Z) -> tuple[float, float, float] | None:
+    """Theil-Sen slope of ``y`` on ``x`` and its confidence interval from Kendall's S (Sen
+    1968): the median of the pairwise slopes, and the pairwise slopes at ranks
+    ``(N -/+ z * sqrt(var S)) / 2``.  None when no two points differ in ``x``."""
+    n = len(x)
+    if n < 3:
+        return None
+    if n > 240:  # 28,680 pairs at most: thin evenly (the fit is per 5 minutes per instance)
+        keep = np.linspace(0, n - 1, 240).round().astype(np.int64)
+        x, y, n = x[keep], y[keep], 240
+    i, j = np.triu_indices(n, 1)
+    dx = x[j] - x[i]
+    ok = dx != 0
+    if not ok.any():
+        return None
+    slopes = np.sort((y[j] - y[i])[ok] / dx[ok])
+    big_n = len(slopes)
+    c = z * math.sqrt(n * (n - 1) * (2 * n + 5) / 18.0)
+    lo = math.floor((big_n - c) / 2)
+    hi = math.ceil((big_n + c) / 2)
+    med = float(np.median(slopes))
+    low = float(slopes[lo]) if lo >= 0 else -math.inf
+    high = float(slopes[hi]) if hi < big_n else math.inf
+    return low, med, high
+
+
+@dataclass(frozen=True, eq=False)
+class LoadModel:
+    """How one instance's series responded to its load over a baseline window.
+
+    ``log series = intercept + slope * log load``, the slope fitted by Theil-Sen on the
+    baseline's buckets (load smoothed over the recent window's length), with its confidence
+    interval clipped to the spec's ``elasticity``.  Per slope of ``(low, fit, high)``: the
+    intercept (median residual zero) and the baseline's residuals, sorted."""
+
+    slopes: tuple[float, float, float]
+    intercepts: tuple[float, float, float]
+    residuals: tuple[npt.NDArray[np.float64], ...]
+    center: float  # median log load of the baseline (NaN: no load)
+    level: float  # the baseline's median of the series
+    floor: float  # values below it count as it in log space
+    n: int  # buckets fitted
+
+    @property
+    def has_load(self) -> bool:
+        return not math.isnan(self.center)
+
+
+def fit_load_model(
+    y: npt.NDArray[np.float64], x: npt.NDArray[np.float64] | None, spec: RegressionSpec,
+) -> LoadModel | None:
+    """The load model of one baseline: ``y`` the series' buckets, ``x`` the load's (the same
+    slots; None: no load series, or no load data in the window).  None with fewer than
+    ``min_points`` usable buckets."""
+    ok = ~np.isnan(y)
+    level = float(np.median(y[ok])) if ok.any() else math.nan
+    floor = max(abs(level) * _LOG_FLOOR, 1e-12) if math.isfinite(level) else 1e-12
+    width = max(1, round(spec.recent_window / spec.step))
+    lx: npt.NDArray[np.float64] | None = None
+    if x is not None:
+        xs = smooth(x, width)
+        ok &= ~np.isnan(xs)
+        lx = _log(xs[ok], max(float(np.nanmedian(xs)) * _LOG_FLOOR, 1e-12)
+                  if ok.any() else 1e-12)
+    if int(ok.sum()) < spec.min_points:
+        return None
+    ly = _log(y[ok], floor)
+    if lx is None:
+        slopes = (0.0, 0.0, 0.0)
+        center = math.nan
+    else:
+        center = float(np.median(lx))
+        lo_b, hi_b = spec.elasticity if spec.elasticity is not None else (-math.inf, math.inf)
+        ts = theil_sen(lx, ly)
+        if ts is None:  # one load level only: the slope is anything the bounds allow
+            fit = min(max(0.0, lo_b), hi_b)
+            ts = (lo_b, fit, hi_b)
+        low, fit, high = (min(max(v, lo_b), hi_b) for v in ts)
+        slopes = (low, fit, high)
+    intercepts: list[float] = []
+    residuals: list[npt.NDArray[np.float64]] = []
+    for b in slopes:
+        if not math.isfinite(b):
+            intercepts.append(math.nan)
+            residuals.append(np.empty(0))
+            continue
+        r = ly - b * lx if lx is not None else ly
+        a = float(np.median(r))
+        intercepts.append(a)
+        residuals.append(np.sort(r - a))
+    return LoadModel(slopes, (intercepts[0], intercepts[1], intercepts[2]), tuple(residuals),
+                     center, level, floor, int(ok.sum()))
+
+
+def judge(
+    model: LoadModel, recent: npt.NDArray[np.float64], load_now: float | None,
+    spec: RegressionSpec,
+) -> Comparison | None:
+    """The recent buckets against what ``model`` expects at the recent load: the residual
+    statistics for the slope of the model's interval least favourable to a regression.
+    None when the model cannot tell an effect of ``min_effect`` at this load (its slope is
+    too uncertain for how far the load moved), or load is known in one window only."""
+    if model.has_load != (load_now is not None):
+        return None
+    ly = _log(recent, model.floor)
+    if load_now is not None:
+        lx_now = math.log(max(load_now, math.exp(model.center) * _LOG_FLOOR, 1e-12))
+        shift = lx_now - model.center
+    else:
+        lx_now, shift = 0.0, 0.0
+    low, fit, high = model.slopes
+    # How far the prediction may be off at this load: the interval's wider half times how far
+    # the load moved.  As large as the smallest effect that counts, the model cannot judge.
+    if abs(shift) > _SAME_LOAD and (
+            not (math.isfinite(low) and math.isfinite(high))
+            or max(fit - low, high - fit) * abs(shift) >= math.log1p(spec.min_effect)):
+        return None
+    sign = 1.0 if spec.direction == "up" else -1.0
+    best: tuple[float, int] | None = None
+    for k, b in enumerate(model.slopes):
+        if not math.isfinite(b):
+            continue
+        effect = float(np.median(ly)) - (model.intercepts[k] + b * lx_now)
+        if best is None or sign * effect < sign * best[0]:
+            best = (effect, k)
+    if best is None:
+        return None
+    effect, k = best
+    b, a, base_r = model.slopes[k], model.intercepts[k], model.residuals[k]
+    expected = math.exp(a + b * lx_now)
+    r = ly - (a + b * lx_now)
+    current = float(np.median(recent))
+    mad = float(np.median(np.abs(base_r - np.median(base_r)))) if len(base_r) else 0.0
+    sigma = max(_MAD_TO_SIGMA * mad, _SIGMA_FLOOR)  # log units: 1 % of the level at least
+    z = effect / (_MEDIAN_SE * sigma / math.sqrt(len(r)))
+    return Comparison(
+        current=current,
+        baseline=expected,
+        change=math.expm1(effect),
+        z=z,
+        p_value=mann_whitney_p(r, base_r, spec.direction),
+        n_recent=len(r),
+        n_baseline=model.n,
+        elasticity=b,
+    )
+
