@@ -1,13 +1,7 @@
 import pytest
 
-from tritonwatch.schemas.config import (
-    DEFAULT_STORE_URL,
-    ConfigError,
-    load_config,
-    parse_duration,
-    parse_size,
-    validate_config,
-)
+from tritonwatch.schemas.config import DEFAULT_STORE_URL, ConfigError, load_config, validate_config
+from tritonwatch.schemas.values import parse_duration, parse_size
 
 GOOD = """
 version: 1
