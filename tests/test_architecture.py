@@ -180,3 +180,17 @@ def test_imports_point_downstream(layer: str) -> None:
         for target in targets if _layer(target) in FORBIDDEN[layer]
     )
     assert wrong == []
+
+
+def test_the_test_suite_never_imports_bench() -> None:
+    # bench/ is dev tooling that prints figures; the pass/fail suite must run without it
+    # (shared builders live under tests/: payloads.py, alerts/scenarios.py).
+    wrong = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level
+                     else [])
+            wrong += [f"{path.relative_to(ROOT)}: {n}" for n in names
+                      if n == "bench" or n.startswith("bench.")]
+    assert wrong == []

@@ -24,8 +24,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bench.payloads import triton_payload
 from tests.collector.test_parse import ALL_PROM, FIXTURES, PAYLOAD_SHAPES, read
+from tests.payloads import triton_payload
 from tritonwatch.collector.derive import DERIVED_FROM, Deriver
 from tritonwatch.collector.gpu import (
     _DCGM_FIELDS,

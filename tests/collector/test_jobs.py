@@ -11,8 +11,8 @@ import httpx
 import pytest
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
-from bench.payloads import triton_payload
 from tests.fixtures_http import FakeTargets, serve_fake_targets
+from tests.payloads import triton_payload
 from tritonwatch.collector.jobs import API_MAX_CONCURRENCY, Collector, stagger_offset
 from tritonwatch.collector.parse import parse_fast
 from tritonwatch.collector.self_metrics import SelfMetrics
