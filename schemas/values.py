@@ -69,6 +69,17 @@ def parse_duration(value: Any) -> float:
     return seconds
 
 
+def format_duration(seconds: float) -> str:
+    """A duration as a user writes one, the inverse of :func:`parse_duration`: ``3600`` →
+    ``1h``, ``300`` → ``5m``, ``259200`` → ``3d``, ``0.5`` → ``500ms``, ``45`` → ``45s``."""
+    if seconds < 1:
+        return f"{seconds * 1000:g}ms"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"
+
+
 def parse_size(value: Any) -> int:
     """Bytes from ``1048576``/``512KiB``/``50MiB``; raises ValueError quoting the input."""
     if isinstance(value, int) and not isinstance(value, bool):
