@@ -24,7 +24,7 @@ import re
 import threading
 from collections.abc import Callable
 from contextlib import ExitStack
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -32,6 +32,7 @@ from fastapi.testclient import TestClient
 
 from tests.clock import Clock
 from tests.fixtures_http import OK_BODY, FakeTargets, serve_fake_targets
+from tests.serving import QuietHandler
 from tritonwatch.api.app import create_app
 from tritonwatch.api.receiver import WEBHOOK_PATH
 from tritonwatch.collector.jobs import HEALTH_ERROR_MAX, Collector
@@ -290,15 +291,11 @@ def test_a_60kb_unparsable_line_is_logged_escaped_cut_and_once(store, caplog):
     assert not CONTROL.search(error) and 0 < len(error) <= HEALTH_ERROR_MAX + 40
 
 
-class _HostileModelServer(BaseHTTPRequestHandler):
+class _HostileModelServer(QuietHandler):
     """A model server whose error message would forge log lines, paint the terminal and break
     PostgreSQL: a real HTTP server, answering every request with a 500."""
 
-    protocol_version = "HTTP/1.1"
     MESSAGE = "boom\nERROR forged \x1b[31m\x00 " + "A" * 5_000
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
 
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length", "0")))

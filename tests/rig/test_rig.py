@@ -317,6 +317,21 @@ def test_restart_keeps_ports_and_resets_counters(
     assert gen.running
 
 
+def test_the_models_read_the_control_file_with_the_same_code() -> None:
+    # Each model must carry its own copy of the reader (Triton loads model.py standalone): the
+    # copies may not drift apart.
+    import ast
+
+    from tritonwatch.rig import DEFAULT_MODEL_REPO
+
+    def control_class(model: str) -> str:
+        tree = ast.parse((DEFAULT_MODEL_REPO / model / "1" / "model.py").read_text())
+        (node,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "_Control"]
+        return ast.dump(node)
+
+    assert control_class("batcher") == control_class("fake_llm")
+
+
 def test_control_defaults_match_the_models(triton_rig: TritonRig) -> None:
     # The models cannot import product code, so their DEFAULTS are copies: keep them in step.
     import ast
