@@ -134,7 +134,14 @@ def test_grpc_stream_tokens_and_live_ttft(
 
     # The model's send times share the client's clock (CLOCK_MONOTONIC): each token was sent
     # after the request and received after it was sent.
-    log = [r for r in triton_rig.response_log() if r["request_id"] == fast.request_id]
+    # The model writes each line just after sending its response, so the final line may land
+    # after the client has the final response: wait for it (10 s at most).
+    deadline = time.monotonic() + 10
+    while True:
+        log = [r for r in triton_rig.response_log() if r["request_id"] == fast.request_id]
+        if len(log) >= 7 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     assert [r["index"] for r in log] == list(range(7))
     assert [r["final"] for r in log] == [False] * 6 + [True]
     assert fast.sent_ns < log[0]["t_ns"] <= fast.token_ns[0]
