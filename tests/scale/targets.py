@@ -17,7 +17,6 @@ from contextlib import contextmanager
 from http.server import ThreadingHTTPServer
 
 from tests.serving import QuietHandler, serving
-
 from tritonwatch.collector.scrape import MEMBER_HEADER
 
 _COUNTERS = ("nv_inference_request_success", "nv_inference_request_failure",
