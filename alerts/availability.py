@@ -11,11 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 from tritonwatch.alerts.formatting import fmt_change, fmt_value, where
 from tritonwatch.alerts.history import QUANTUM_S, ceil_to, floor_to
-from tritonwatch.alerts.rules import format_duration
 from tritonwatch.alerts.series_reads import MODEL, BuiltinRule, group_sums, per_series
 from tritonwatch.schemas.alerts import AlertCandidate
-from tritonwatch.schemas.config import Duration
 from tritonwatch.schemas.samples import Labels, make_labels
+from tritonwatch.schemas.values import Duration, format_duration
 
 if TYPE_CHECKING:
     from tritonwatch.store import SeriesKey, Store

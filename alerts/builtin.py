@@ -13,8 +13,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from tritonwatch.alerts.rules import format_duration
-from tritonwatch.schemas.config import Duration
+from tritonwatch.schemas.values import Duration, format_duration
 
 CATALOG_FILE = Path(__file__).with_name("builtin_rules.yaml")
 

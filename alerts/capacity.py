@@ -13,11 +13,10 @@ import numpy as np
 
 from tritonwatch.alerts.formatting import display, fmt_value, where
 from tritonwatch.alerts.history import RecentBuckets
-from tritonwatch.alerts.rules import format_duration
 from tritonwatch.alerts.series_reads import MODEL, BuiltinRule, means
 from tritonwatch.schemas.alerts import AlertCandidate
-from tritonwatch.schemas.config import Duration
 from tritonwatch.schemas.samples import Labels
+from tritonwatch.schemas.values import Duration, format_duration
 
 if TYPE_CHECKING:
     from tritonwatch.store import Store

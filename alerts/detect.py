@@ -70,11 +70,11 @@ from tritonwatch.alerts.formatting import display, fmt_change, fmt_value, where
 from tritonwatch.alerts.grouping import GroupKey, SeriesLoader, load_match, matches, summed_median
 from tritonwatch.alerts.model import Rule
 from tritonwatch.alerts.moved import likely_cause, related_moves
-from tritonwatch.alerts.rules import format_duration
 from tritonwatch.alerts.stats import Comparison, is_regression, judge
 from tritonwatch.schemas.alerts import AlertCandidate
 from tritonwatch.schemas.regressions import RegressionSpec
 from tritonwatch.schemas.samples import Labels, make_labels
+from tritonwatch.schemas.values import format_duration
 
 if TYPE_CHECKING:
     from tritonwatch.store import Store

@@ -28,8 +28,9 @@ from typing import Any, NamedTuple
 import yaml
 from pydantic import ValidationError
 
-from tritonwatch.schemas.config import ConfigError, error_lines, parse_duration
+from tritonwatch.schemas.config import ConfigError, error_lines
 from tritonwatch.schemas.rules import SloSpec
+from tritonwatch.schemas.values import parse_duration
 
 _SELECTOR = re.compile(r"([A-Za-z_:][A-Za-z0-9_:]*)\s*(\{[^}]*\})?")
 _MATCHER = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"\s*,?')

@@ -26,6 +26,7 @@ from tritonwatch.alerts.slo import (
 from tritonwatch.schemas.alerts import AlertCandidate
 from tritonwatch.schemas.rules import RulesFile, SloSpec, ThresholdRuleSpec, load_rules_file
 from tritonwatch.schemas.samples import Labels, make_labels
+from tritonwatch.schemas.values import format_duration
 
 if TYPE_CHECKING:
     from tritonwatch.alerts.model import Rule
@@ -60,16 +61,6 @@ def _render_all(
 ) -> dict[str, str]:
     return {k: render(v, value=value, threshold=threshold, labels=labels)
             for k, v in templates.items()}
-
-
-def format_duration(seconds: float) -> str:
-    """``3600`` → ``1h``, ``300`` → ``5m``, ``259200`` → ``3d``, ``0.5`` → ``500ms``."""
-    if seconds < 1:
-        return f"{seconds * 1000:g}ms"
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size and seconds % size == 0:
-            return f"{int(seconds // size)}{unit}"
-    return f"{seconds:g}s"
 
 
 def _fmt(x: float | None, spec: str = ".3g") -> str:

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Literal, NamedTuple
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from tritonwatch.schemas.config import ConfigError, PositiveDuration, error_lines
+from tritonwatch.schemas.config import ConfigError, error_lines
 from tritonwatch.schemas.rules import (
     AvailabilitySli,
     ProbeLatencySli,
@@ -52,6 +52,7 @@ from tritonwatch.schemas.rules import (
     SloSpec,
 )
 from tritonwatch.schemas.samples import Labels, label_value, make_labels
+from tritonwatch.schemas.values import PositiveDuration
 
 if TYPE_CHECKING:
     from tritonwatch.store import SeriesData, Store

@@ -53,9 +53,9 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample as PromSample
 
-from tritonwatch.alerts.rules import format_duration
 from tritonwatch.schemas.latest import LatestValue, LatestValues
 from tritonwatch.schemas.samples import Labels
+from tritonwatch.schemas.values import format_duration
 
 if TYPE_CHECKING:
     from tritonwatch.alerts.engine import Engine

@@ -15,7 +15,7 @@ import math
 from datetime import datetime
 
 from tritonwatch.api.errors import ApiError, bad_param
-from tritonwatch.schemas.config import parse_duration
+from tritonwatch.schemas.values import parse_duration
 
 #: Times a query accepts: years 1 to 9999 (as Python's datetime).
 MIN_TIME_S = -62_135_596_800.0

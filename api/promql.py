@@ -30,7 +30,7 @@ from typing import NamedTuple
 import re2
 
 from tritonwatch.api.errors import ApiError, bad_param
-from tritonwatch.schemas.config import parse_duration
+from tritonwatch.schemas.values import parse_duration
 
 #: Longest regex a matcher may hold.
 MAX_REGEX_CHARS = 2_000

@@ -2,7 +2,7 @@
 
 The fleet runs in a **separate process** (its CPU is in no figure): one ``ThreadingHTTPServer``
 on 127.0.0.1 serving ``/t/<i>/metrics`` for target ``i``.  Each target is its own server shape
-(``bench.payloads.triton_payload(seed=i)``: its own GPU UUIDs, rates and series order), turned
+(``tests.payloads.triton_payload(seed=i)``: its own GPU UUIDs, rates and series order), turned
 into a template once: the series are listed in the same order on every scrape, as Triton's
 prometheus-cpp does (``triton_payload`` itself reshuffles series inside a family per step), and
 counter values advance linearly with the number of requests that target has answered (step
@@ -24,7 +24,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from multiprocessing.connection import Connection
 from typing import Any
 
-from bench.payloads import triton_payload
+from tests.payloads import Template
 from tritonwatch.collector.parse import parse
 from tritonwatch.schemas.samples import label_value
 
@@ -38,49 +38,6 @@ __all__ = [
     "rss_mib",
     "simulated_fleet",
 ]
-
-
-class Template:
-    """One simulated server: fixed series order, values ``v0 + step * (v1 - v0)``."""
-
-    def __init__(self, seed: int, models: int, gpus: int) -> None:
-        first = triton_payload(models=models, gpus=gpus, seed=seed, step=0).splitlines()
-        second = triton_payload(models=models, gpus=gpus, seed=seed, step=1).splitlines()
-        later = {}
-        for line in second:
-            if line and line[0] != "#":
-                head, _, value = line.rpartition(" ")
-                later[head] = value
-        self.parts: list[tuple[str, float, float] | str] = []
-        typ = ""
-        for line in first:
-            if not line or line[0] == "#":
-                if line.startswith("# TYPE "):
-                    typ = line.rsplit(" ", 1)[1]
-                self.parts.append(line)
-                continue
-            head, _, value = line.rpartition(" ")
-            v0, v1 = float(value), float(later.get(head, value))
-            # Counters (and histogram/summary counts and sums) advance; gauges and quantiles
-            # keep their first value, so related gauges (KV-cache used/free/max) stay coherent.
-            grows = typ == "counter" or (
-                typ in ("histogram", "summary") and "quantile=" not in head
-            )
-            dv = v1 - v0 if grows and v1 == v1 and v0 == v0 else 0.0
-            self.parts.append((head + " ", v0, dv))
-        self.series = sum(1 for p in self.parts if not isinstance(p, str))
-
-    def render(self, step: int) -> bytes:
-        out = []
-        for p in self.parts:
-            if isinstance(p, str):
-                out.append(p)
-            else:
-                head, v0, dv = p
-                v = v0 + step * dv
-                out.append(head + ("NaN" if v != v else repr(v) if v != int(v) else str(int(v))))
-        out.append("")
-        return "\n".join(out).encode()
 
 
 def _serve(conn: Connection, targets: int, models: int, gpus: int) -> None:

@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.replay [--small-scrapes 2880] [--large-scrapes 120] [--json]
 
 Two recordings in the ``tritonwatch record`` format (``<unix-seconds>.prom`` every 30 s),
-written from :func:`bench.payloads.triton_payload` (counters advancing scrape by scrape):
+written from :func:`tests.payloads.triton_payload` (counters advancing scrape by scrape):
 
 * *small*: 2 models on 1 GPU without TRT-LLM, 116 series per scrape (the issue's "120-series
   target"); a day is 2,880 scrapes;
@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.payloads import series_count, triton_payload
+from tests.payloads import series_count, triton_payload
 from tritonwatch.alerts.rules import load_rules
 from tritonwatch.replay import replay
 

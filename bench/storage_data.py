@@ -1,6 +1,6 @@
 """A day of realistic Triton samples as columns, for ``bench.storage`` and the codec tests.
 
-The series and their shapes come from ``bench.payloads.triton_payload`` (counters, gauges,
+The series and their shapes come from ``tests.payloads.triton_payload`` (counters, gauges,
 summaries with NaN quantiles while idle, the TTFT histogram, TRT-LLM gauges), one payload per
 scrape so gauges change every scrape.  On top of it, what real servers do and the generator
 does not:
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from bench.payloads import triton_payload
+from tests.payloads import triton_payload
 
 DAY_MS = 86_400_000
 

@@ -27,26 +27,20 @@ from pathlib import Path
 
 from pydantic import Field, field_validator, model_validator
 
-from tritonwatch.schemas.config import (
-    _PLACEHOLDER_SECRETS,
+from tritonwatch.schemas.values import (
     ByteSize,
+    Frozen,
     HttpUrl,
     PositiveDuration,
     SecretHttpUrl,
-    _Frozen,
+    real_secret,
 )
 
 #: Prometheus' notifier sends at most this many alerts per request (``maxBatchSize``).
 DEFAULT_MAX_BATCH_SIZE = 256
 
 
-def _real_secret(value: str) -> str:
-    if value.lower() in _PLACEHOLDER_SECRETS or len(value) < 16:
-        raise ValueError("is a placeholder or shorter than 16 characters; set a real secret")
-    return value
-
-
-class WebhookConfig(_Frozen):
+class WebhookConfig(Frozen):
     """A generic webhook that receives Alertmanager's version-4 payload from us directly."""
 
     url: SecretHttpUrl = Field(repr=False)
@@ -65,7 +59,7 @@ class WebhookConfig(_Frozen):
     that keeps Alertmanager's copy alive."""
 
 
-class BasicAuthConfig(_Frozen):
+class BasicAuthConfig(Frozen):
     """HTTP basic-auth credentials the receiver accepts."""
 
     username: str = Field(min_length=1, max_length=200)
@@ -76,10 +70,10 @@ class BasicAuthConfig(_Frozen):
     @field_validator("password")
     @classmethod
     def _password_is_real(cls, value: str) -> str:
-        return _real_secret(value)
+        return real_secret(value)
 
 
-class ReceiverConfig(_Frozen):
+class ReceiverConfig(Frozen):
     """``POST /api/v1/alertmanager/webhook``: alert history from any Alertmanager.
 
     At least one of ``token`` and ``basic_auth`` is required: the endpoint writes to the store,
@@ -97,7 +91,7 @@ class ReceiverConfig(_Frozen):
     @field_validator("token")
     @classmethod
     def _token_is_real(cls, value: str | None) -> str | None:
-        return None if value is None else _real_secret(value)
+        return None if value is None else real_secret(value)
 
     @model_validator(mode="after")
     def _some_auth(self) -> ReceiverConfig:
@@ -106,7 +100,7 @@ class ReceiverConfig(_Frozen):
         return self
 
 
-class AlertingConfig(_Frozen):
+class AlertingConfig(Frozen):
     """Alert evaluation and delivery (``alerting:`` in ``tritonwatch.yaml``)."""
 
     rules_file: Path | None = None

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from tritonwatch.schemas.config import PositiveDuration, _Frozen
+from tritonwatch.schemas.values import Frozen, PositiveDuration
 
 
-class ClusterConfig(_Frozen):
+class ClusterConfig(Frozen):
     """Sharded collectors with failover and one alert evaluator (README "Cluster")."""
 
     enabled: bool = False

@@ -5,187 +5,48 @@ can be handed to every job.  ``load_config`` turns pydantic's errors into ``Conf
 lines each name the key path (``targets[2].metrics_url: ...``), in the spirit of DataDog's
 "Entry #3 of setting `targets`" messages.
 
-Durations are Prometheus-style strings (``15s``, ``5m``, ``1h30m``, ``28d``) or plain seconds;
-sizes accept ``KiB``/``MiB``/``GiB`` suffixes or plain bytes.
+The value types (durations, sizes, URLs, headers, secrets) live in schemas/values.py; each
+section with a module of its own (``nvml``, ``probes``, ``alerting``, ``reports``, ``cluster``,
+``remote_write``) builds on those alone, and this module assembles them into ``Config``.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import re
-import unicodedata
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, NamedTuple
-from urllib.parse import urlsplit
+from typing import Any, NamedTuple
 
 import yaml
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    ValidationError,
-    WithJsonSchema,
-    field_validator,
-    model_validator,
-)
+from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from tritonwatch.schemas import configfile
-from tritonwatch.schemas.configfile import redact_url_text
+from tritonwatch.schemas.alerting import AlertingConfig
+from tritonwatch.schemas.cluster import ClusterConfig
 from tritonwatch.schemas.nvml import NvmlConfig
 from tritonwatch.schemas.probes import ProbeConfig
+from tritonwatch.schemas.remote_write import RemoteWriteConfig
+from tritonwatch.schemas.reports import ReportsConfig
 
-DEFAULT_DATA_DIR = Path("tritonwatch-data")
+# Re-exported: the store's spill directory and the remote-write buffers default under it.
+from tritonwatch.schemas.values import DEFAULT_DATA_DIR as DEFAULT_DATA_DIR
+from tritonwatch.schemas.values import (
+    ByteSize,
+    Frozen,
+    GrpcAddress,
+    Headers,
+    HttpUrl,
+    PositiveDuration,
+    first_repeat,
+    host_port,
+    real_secret,
+    supported_version,
+)
+
 DEFAULT_STORE_URL = f"sqlite:///{DEFAULT_DATA_DIR}/tritonwatch.db"
-
-_DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
-_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KB|KiB|MB|MiB|GB|GiB)?\s*$")
-_SIZE_UNITS = {
-    None: 1, "B": 1, "KB": 1000, "KiB": 1024, "MB": 1000**2, "MiB": 1024**2,
-    "GB": 1000**3, "GiB": 1024**3,
-}
-# Placeholders people paste from examples; refusing them at start-up beats shipping a
-# guessable token into production.
-_PLACEHOLDER_SECRETS = frozenset({"changeme", "change-me", "secret", "token", "xxx", "password"})
-
-
-def parse_duration(value: Any) -> float:
-    """Seconds from ``15s``/``1h30m``/``2.5`` (seconds); raises ValueError quoting the input."""
-    if isinstance(value, bool):
-        raise ValueError(f"invalid duration {value!r}")
-    if isinstance(value, int | float):
-        seconds = float(value)
-    elif isinstance(value, str):
-        text = value.strip()
-        try:
-            seconds = float(text)
-        except ValueError:
-            pos, seconds = 0, 0.0
-            for match in _DURATION_RE.finditer(text):
-                if match.start() != pos:
-                    break
-                seconds += float(match.group(1)) * _DURATION_UNITS[match.group(2)]
-                pos = match.end()
-            if pos != len(text) or not text:
-                raise ValueError(
-                    f"invalid duration {value!r}: use e.g. 500ms, 15s, 5m, 1h30m, 28d"
-                ) from None
-    else:
-        raise ValueError(f"invalid duration {value!r}")
-    if not math.isfinite(seconds):
-        raise ValueError(f"invalid duration {value!r}: must be a finite number of seconds")
-    if seconds < 0:
-        raise ValueError(f"duration {value!r} must not be negative")
-    return seconds
-
-
-def parse_size(value: Any) -> int:
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    match = _SIZE_RE.match(str(value))
-    if not match:
-        raise ValueError(f"invalid size {value!r}: use e.g. 1048576, 512KiB, 50MiB")
-    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2)])
-
-
-def _positive(value: float) -> float:
-    if value <= 0:
-        raise ValueError("must be greater than 0")
-    return value
-
-
-# In the exported JSON Schema a duration is what a user may write: seconds or "1h30m".
-_DURATION_SCHEMA = WithJsonSchema({
-    "anyOf": [
-        {"type": "number", "minimum": 0},
-        {"type": "string", "pattern": r"^\s*((\d+(\.\d+)?)(ms|s|m|h|d|w))+\s*$"},
-    ],
-    "description": "seconds, or a Prometheus-style duration: 500ms, 15s, 5m, 1h30m, 28d",
-})
-Duration = Annotated[float, BeforeValidator(parse_duration), _DURATION_SCHEMA]
-PositiveDuration = Annotated[
-    float, BeforeValidator(parse_duration), AfterValidator(_positive), _DURATION_SCHEMA
-]
-ByteSize = Annotated[int, BeforeValidator(parse_size), AfterValidator(_positive)]
-
-
-def _is_http_url(value: str) -> bool:
-    try:
-        parts = urlsplit(value)
-    except ValueError:  # e.g. an unbalanced "[" in the host
-        return False
-    return parts.scheme in ("http", "https") and bool(parts.netloc)
-
-
-def _http_url(value: str) -> str:
-    # Quoted with its userinfo and query masked: they carry passwords and tokens.
-    if not _is_http_url(value):
-        raise ValueError(f"{redact_url_text(value)!r} is not an http(s) URL")
-    return value
-
-
-def _secret_http_url(value: str) -> str:
-    # A webhook URL is a secret as a whole (chat webhooks carry the token in the path).
-    if not _is_http_url(value):
-        raise ValueError("is not an http(s) URL (value not shown: this URL is a secret)")
-    return value
-
-
-def host_port(value: str) -> str:
-    """``value`` if it is ``HOST:PORT`` (a gRPC address, ``api.listen``, ``--listen``); else
-    ValueError naming it with any credentials masked."""
-    # tritonclient.grpc wants host:port without a scheme.
-    host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise ValueError(f"{redact_url_text(value)!r} is not host:port")
-    if not 1 <= int(port) <= 65535:
-        raise ValueError(f"{redact_url_text(value)!r}: port {int(port)} is outside 1-65535")
-    return value
-
-
-# RFC 9110 field names are tokens.
-_HEADER_NAME_RE = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
-
-
-def check_headers(headers: dict[str, str]) -> dict[str, str]:
-    """Refuse header names that are not HTTP tokens and values holding control characters.
-
-    A CR or LF in a value would split the request (or make the HTTP client raise an error
-    that quotes the whole value, usually a secret), so it is refused here, at config time.
-    Messages name the header but never quote its value.
-    """
-    for name, value in headers.items():
-        if not _HEADER_NAME_RE.match(name):
-            raise ValueError(
-                f"header name {name!r} is not a valid HTTP field name (letters, digits and "
-                "!#$%&'*+-.^_`|~ only; no spaces, colons or control characters)"
-            )
-        bad = next((ch for ch in value if unicodedata.category(ch) in ("Cc", "Zl", "Zp")), None)
-        if bad is not None:
-            # The character's code is safe to show; the value (often a secret) is not.
-            raise ValueError(
-                f"header {name!r}: value contains a control character (U+{ord(bad):04X}; "
-                "CR, LF and other control characters are not allowed); value not shown"
-            )
-    return headers
-
-
-HttpUrl = Annotated[str, AfterValidator(_http_url)]
-#: An http(s) URL that is a secret as a whole: errors never quote it.
-SecretHttpUrl = Annotated[str, AfterValidator(_secret_http_url)]
-GrpcAddress = Annotated[str, AfterValidator(host_port)]
-Headers = Annotated[dict[str, str], AfterValidator(check_headers)]
-
-
-class _Frozen(BaseModel):
-    # Field docstrings become descriptions in the exported JSON Schema.
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
 
 #: Most models one target may list in ``expected_models``, and the longest name.
@@ -193,7 +54,7 @@ EXPECTED_MODELS_MAX = 1000
 MODEL_NAME_MAX = 500
 
 
-class TargetConfig(_Frozen):
+class TargetConfig(Frozen):
     """One Triton server to watch."""
 
     # Header values are secrets: keep them out of ValidationError's text (when validated on
@@ -273,7 +134,7 @@ class ScrapeLimits(NamedTuple):
     series_limit: int
 
 
-class ScrapeConfig(_Frozen):
+class ScrapeConfig(Frozen):
     interval: PositiveDuration = 15.0
     """How often every target's /metrics is scraped."""
     timeout: PositiveDuration = 10.0
@@ -320,7 +181,7 @@ class ScrapeConfig(_Frozen):
 _SERIES_CACHE_TTL_S = 600.0
 
 
-class RetentionConfig(_Frozen):
+class RetentionConfig(Frozen):
     raw: PositiveDuration = 15 * 86400.0
     """How long raw samples are kept; must exceed 10 minutes."""
     rollup_5m: PositiveDuration = 90 * 86400.0
@@ -337,7 +198,7 @@ class RetentionConfig(_Frozen):
         return value
 
 
-class StoreConfig(_Frozen):
+class StoreConfig(Frozen):
     url: str = DEFAULT_STORE_URL
     """``sqlite:///path.db`` (embedded default) or ``postgresql://user:pass@host/db``."""
     flush_interval: PositiveDuration = 15.0
@@ -383,7 +244,7 @@ class StoreConfig(_Frozen):
         return value
 
 
-class ApiConfig(_Frozen):
+class ApiConfig(Frozen):
     listen: str = "127.0.0.1:8080"
     """host:port of the HTTP API (health, /metrics, queries)."""
     token: str | None = None
@@ -415,9 +276,7 @@ class ApiConfig(_Frozen):
     @field_validator("token")
     @classmethod
     def _no_placeholder(cls, value: str | None) -> str | None:
-        if value is not None and (value.lower() in _PLACEHOLDER_SECRETS or len(value) < 16):
-            raise ValueError("is a placeholder or shorter than 16 characters; set a real secret")
-        return value
+        return None if value is None else real_secret(value)
 
     @model_validator(mode="after")
     def _reads_need_a_token(self) -> ApiConfig:
@@ -438,7 +297,7 @@ class ApiConfig(_Frozen):
         return value
 
 
-class Config(_Frozen):
+class Config(Frozen):
     # ValidationError's text would quote inputs, header values (secrets) included; the lines of
     # ConfigError never do.  Only the outermost model's setting counts.
     model_config = ConfigDict(hide_input_in_errors=True)
@@ -453,30 +312,26 @@ class Config(_Frozen):
     """Local GPU telemetry through NVML (a host without NVML gets one health entry, no crash)."""
     probes: tuple[ProbeConfig, ...] = ()
     """Synthetic LLM probes (see schemas/probes.py and the README's Probes section)."""
-    alerting: _alerting.AlertingConfig = Field(default_factory=lambda: _alerting.AlertingConfig())
+    alerting: AlertingConfig = Field(default_factory=AlertingConfig)
     """Alert evaluation and delivery (see schemas/alerting.py)."""
-    reports: _reports.ReportsConfig = Field(default_factory=lambda: _reports.ReportsConfig())
+    reports: ReportsConfig = Field(default_factory=ReportsConfig)
     """The weekly SLO report (see schemas/reports.py)."""
-    cluster: _cluster.ClusterConfig = Field(default_factory=lambda: _cluster.ClusterConfig())
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     """Several serve processes on one PostgreSQL (see schemas/cluster.py)."""
-    remote_write: tuple[_remote_write.RemoteWriteConfig, ...] = ()
+    remote_write: tuple[RemoteWriteConfig, ...] = ()
     """Prometheus remote-write receivers every stored sample also goes to (see
     schemas/remote_write.py); names unique."""
 
     @field_validator("version")
     @classmethod
     def _supported_version(cls, value: int) -> int:
-        if value != 1:
-            raise ValueError(f"unsupported config version {value}; this release reads version 1")
-        return value
+        return supported_version(value, "config")
 
     @model_validator(mode="after")
     def _unique_targets(self) -> Config:
-        seen: set[str] = set()
-        for target in self.targets:
-            if target.name in seen:
-                raise ValueError(f"target name {target.name!r} is used twice")
-            seen.add(target.name)
+        repeat = first_repeat([target.name for target in self.targets])
+        if repeat is not None:
+            raise ValueError(f"target name {repeat[1]!r} is used twice")
         return self
 
     @model_validator(mode="after")
@@ -488,11 +343,9 @@ class Config(_Frozen):
 
     @model_validator(mode="after")
     def _unique_remote_writes(self) -> Config:
-        seen: set[str] = set()
-        for i, remote in enumerate(self.remote_write):
-            if remote.name in seen:
-                raise ValueError(f"remote_write[{i}]: name {remote.name!r} is used twice")
-            seen.add(remote.name)
+        repeat = first_repeat([remote.name for remote in self.remote_write])
+        if repeat is not None:
+            raise ValueError(f"remote_write[{repeat[0]}]: name {repeat[1]!r} is used twice")
         return self
 
     @model_validator(mode="after")
@@ -564,16 +417,6 @@ class ConfigError(ValueError):
         super().__init__(f"{source}: " + "; ".join(errors))
 
 
-def _key_path(loc: tuple[int | str, ...]) -> str:
-    path = ""
-    for part in loc:
-        if isinstance(part, int):
-            path += f"[{part}]"
-        else:
-            path += f".{part}" if path else str(part)
-    return path or "(top level)"
-
-
 API_TOKEN_ENV = "TRITONWATCH_API_TOKEN"
 
 
@@ -631,7 +474,7 @@ def error_lines(exc: ValidationError) -> list[str]:
         # The "after" validators of a model report at the model's own path; pydantic
         # prefixes their message with "Value error, ", which adds nothing for a reader.
         message = str(err["msg"]).removeprefix("Value error, ")
-        lines.append(f"{_key_path(tuple(err['loc']))}: {message}")
+        lines.append(f"{configfile.key_path(err['loc'])}: {message}")
     return lines
 
 
@@ -697,15 +540,3 @@ def _yaml_error(exc: yaml.YAMLError) -> str:
     else:
         what = type(exc).__name__
     return f"{where}invalid YAML: {what}"
-
-
-# schemas.alerting builds on this module's types, so it is imported last, as a module: that
-# works in either import order (``Config`` resolves ``_alerting.AlertingConfig`` on first use).
-from tritonwatch.schemas import alerting as _alerting  # noqa: E402
-from tritonwatch.schemas import cluster as _cluster  # noqa: E402
-from tritonwatch.schemas import remote_write as _remote_write  # noqa: E402
-from tritonwatch.schemas import reports as _reports  # noqa: E402
-
-if (hasattr(_alerting, "AlertingConfig") and hasattr(_reports, "ReportsConfig")
-        and hasattr(_remote_write, "RemoteWriteConfig") and hasattr(_cluster, "ClusterConfig")):
-    Config.model_rebuild()

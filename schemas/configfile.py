@@ -26,7 +26,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-REDACTED = "<redacted>"
+from tritonwatch.schemas.values import REDACTED, redact_url_text
 
 #: The whole document, as JSON after expanding every alias.  A 1,000-target file is ~200 KB.
 MAX_EXPANDED_BYTES = 16 * 1024 * 1024
@@ -250,24 +250,6 @@ def expand_env(data: Any, environ: Mapping[str, str]) -> tuple[Any, list[str], d
 # --- redaction ------------------------------------------------------------------------------
 
 _URL_IN_TEXT_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[^\s'\"<>]+")
-
-
-def redact_url_text(value: str, limit: int = 200) -> str:
-    """``value`` (a URL, or what was meant to be one) with its userinfo, query and fragment
-    masked; the rest (scheme, host, port, path) stays, so the user can see what is wrong.
-    Long values are cut at ``limit`` characters."""
-    head, hash_, _ = value.partition("#")
-    head, query, _ = head.partition("?")
-    scheme, sep, rest = head.partition("://")
-    if not sep:
-        scheme, rest = "", head
-    authority, slash, path = rest.partition("/")
-    if "@" in authority:
-        authority = f"{REDACTED}@{authority.rpartition('@')[2]}"
-    text = f"{scheme}{sep}{authority}{slash}{path}"
-    text += f"?{REDACTED}" if query else ""
-    text += f"#{REDACTED}" if hash_ else ""
-    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def secret_strings(data: Any) -> set[str]:

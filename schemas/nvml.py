@@ -17,33 +17,14 @@ back-off between ``init_retry_min`` and ``init_retry_max``.
 from __future__ import annotations
 
 import socket
-from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
-
-def _duration(value: Any) -> float:
-    # Imported here, not at module level, so that schemas/config.py can import this module
-    # (to nest ``nvml:`` in its Config) without a circular import.
-    from tritonwatch.schemas.config import parse_duration
-
-    return parse_duration(value)
+from tritonwatch.schemas.values import Duration, Frozen, PositiveDuration
 
 
-def _positive(value: float) -> float:
-    if value <= 0:
-        raise ValueError("must be greater than 0")
-    return value
-
-
-Duration = Annotated[float, BeforeValidator(_duration)]
-PositiveDuration = Annotated[float, BeforeValidator(_duration), AfterValidator(_positive)]
-
-
-class NvmlConfig(BaseModel):
+class NvmlConfig(Frozen):
     """The ``nvml:`` section: NVML collector schedule, identity and GPU-SLI thresholds."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
     enabled: bool = True
     """Collect NVML telemetry from the GPUs of the machine Tritonwatch runs on."""

@@ -17,7 +17,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
+
+from tritonwatch.schemas.values import (
+    Frozen,
+    check_headers,
+    host_port,
+    http_url,
+    parse_duration,
+)
 
 Protocol = Literal["grpc", "http", "openai"]
 Mode = Literal["stream", "infer"]
@@ -45,23 +53,20 @@ DEFAULT_PROMPTS: tuple[str, ...] = (
 )
 
 
-class InferInput(BaseModel):
+class InferInput(Frozen):
     """One input tensor of a plain (non-streaming) infer probe, filled with one value."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
     name: str = Field(min_length=1)
     datatype: str = "FP32"
     shape: tuple[int, ...] = (1,)
     value: float | int | bool | str = 1.0
 
 
-class ProbeConfig(BaseModel):
+class ProbeConfig(Frozen):
     """One synthetic probe (``probes[]`` in ``tritonwatch.yaml``)."""
 
-    # hide_input_in_errors: header values are secrets, keep them out of ValidationError's text.
-    model_config = ConfigDict(
-        frozen=True, extra="forbid", use_attribute_docstrings=True, hide_input_in_errors=True
-    )
+    # Header values are secrets: keep them out of ValidationError's text.
+    model_config = ConfigDict(hide_input_in_errors=True)
 
     name: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:\-]+$")
     """Unique probe name; the ``probe`` label of its series."""
@@ -111,15 +116,11 @@ class ProbeConfig(BaseModel):
     @field_validator("interval", "timeout", "ttft_slo", "itl_slo", mode="before")
     @classmethod
     def _duration(cls, value: Any) -> Any:
-        from tritonwatch.schemas.config import parse_duration
-
         return None if value is None else parse_duration(value)
 
     @field_validator("headers")
     @classmethod
     def _headers(cls, value: dict[str, str]) -> dict[str, str]:
-        from tritonwatch.schemas.config import check_headers
-
         return check_headers(value)
 
     @field_validator("prompts")
@@ -148,14 +149,12 @@ class ProbeConfig(BaseModel):
 
 def validate_probe_url(protocol: str, url: str) -> str:
     """``host:port`` for grpc, an http(s) URL otherwise; ValueError quoting ``url``."""
-    from tritonwatch.schemas.config import _http_url, host_port
-
     if protocol == "grpc":
         address = url.removeprefix("grpc://")
         if "://" in address:
             raise ValueError(f"{url!r} is not host:port")
         return host_port(address)
-    return _http_url(url)
+    return http_url(url)
 
 
 @dataclass(frozen=True, slots=True)

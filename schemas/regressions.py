@@ -33,14 +33,12 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     field_validator,
     model_validator,
 )
 
-from tritonwatch.schemas.config import Duration, PositiveDuration
+from tritonwatch.schemas.values import Duration, FrozenAliased, PositiveDuration
 
 #: Names of the built-in rules of ``alerts/defaults.py`` (what ``disable`` and ``overrides``
 #: may name).  Kept here so that the rules file is validated without importing the engine.
@@ -77,13 +75,7 @@ def _unknown(name: str) -> str:
     return f"unknown built-in rule {name!r}; known: {', '.join(DEFAULT_RULE_NAMES)}"
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(
-        frozen=True, extra="forbid", use_attribute_docstrings=True, populate_by_name=True
-    )
-
-
-class RegressionSpec(_Frozen):
+class RegressionSpec(FrozenAliased):
     """A regression rule: a series that moved against its baseline at comparable load."""
 
     name: str = Field(min_length=1, max_length=200, pattern=_NAME_PATTERN)
@@ -162,7 +154,7 @@ class RegressionSpec(_Frozen):
         return self
 
 
-class DefaultOverride(_Frozen):
+class DefaultOverride(FrozenAliased):
     """Per-rule adjustments of a built-in rule; unset fields keep the built-in value.
 
     ``threshold`` means: the utilization for ``kv_cache_saturation``, the predicted level for
@@ -194,7 +186,7 @@ class DefaultOverride(_Frozen):
     """Firing time after the condition was last true."""
 
 
-class DefaultsSpec(_Frozen):
+class DefaultsSpec(FrozenAliased):
     """The built-in rules that run with no rules file (``alerts/defaults.py``)."""
 
     enabled: bool = True

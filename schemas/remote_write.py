@@ -20,13 +20,7 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from tritonwatch.schemas.config import (
-    ByteSize,
-    Headers,
-    HttpUrl,
-    PositiveDuration,
-    _Frozen,
-)
+from tritonwatch.schemas.values import ByteSize, Frozen, Headers, HttpUrl, PositiveDuration
 
 #: Default on-disk buffer per receiver.  At the 1,000-target reference load (about 100,000
 #: samples/s, about 10 bytes a sample once snappy has packed a request: measured in
@@ -35,7 +29,7 @@ from tritonwatch.schemas.config import (
 DEFAULT_BUFFER_BYTES = 2 * 1024**3
 
 
-class BasicAuth(_Frozen):
+class BasicAuth(Frozen):
     """HTTP basic authentication for one receiver."""
 
     username: str = Field(min_length=1, max_length=1000)
@@ -43,7 +37,7 @@ class BasicAuth(_Frozen):
     """Never logged; put it in the environment (``${RW_PASSWORD}``)."""
 
 
-class RemoteWriteQueue(_Frozen):
+class RemoteWriteQueue(Frozen):
     """How samples leave: in parallel shards, in batches, retried with back-off."""
 
     shards: int = Field(default=4, ge=1, le=64)
@@ -68,7 +62,7 @@ class RemoteWriteQueue(_Frozen):
         return self
 
 
-class RemoteWriteBuffer(_Frozen):
+class RemoteWriteBuffer(Frozen):
     """The on-disk queue of one receiver: requests wait here, compressed, until sent."""
 
     dir: str | None = None
@@ -90,7 +84,7 @@ class RemoteWriteBuffer(_Frozen):
         return self
 
 
-class RemoteWriteConfig(_Frozen):
+class RemoteWriteConfig(Frozen):
     """One Prometheus remote-write receiver (VictoriaMetrics, Mimir, Thanos receive,
     Prometheus with ``--web.enable-remote-write-receiver``)."""
 

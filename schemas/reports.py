@@ -28,7 +28,13 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import Field, field_validator
 
-from tritonwatch.schemas.config import DEFAULT_DATA_DIR, Headers, HttpUrl, PositiveDuration, _Frozen
+from tritonwatch.schemas.values import (
+    DEFAULT_DATA_DIR,
+    Frozen,
+    Headers,
+    HttpUrl,
+    PositiveDuration,
+)
 
 Weekday = Literal["mon", "tue", "wed", "thu", "fri", "sat", "sun"]
 ReportFormat = Literal["html", "md", "json"]
@@ -38,7 +44,7 @@ SMTP_USER_ENV = "TRITONWATCH_SMTP_USER"
 SMTP_PASSWORD_ENV = "TRITONWATCH_SMTP_PASSWORD"
 
 
-class ReportWebhookConfig(_Frozen):
+class ReportWebhookConfig(Frozen):
     """Where a JSON summary of each new report is POSTed (with a link to the full report)."""
 
     url: HttpUrl = Field(repr=False)
@@ -49,7 +55,7 @@ class ReportWebhookConfig(_Frozen):
     """Per-request deadline."""
 
 
-class SmtpConfig(_Frozen):
+class SmtpConfig(Frozen):
     """E-mail delivery of each new report (HTML body, Markdown as the plain-text part)."""
 
     host: str = Field(min_length=1, max_length=253)
@@ -72,7 +78,7 @@ class SmtpConfig(_Frozen):
     """Per-connection deadline."""
 
 
-class ReportsConfig(_Frozen):
+class ReportsConfig(Frozen):
     """The weekly SLO report (``reports:``): when, where to, and the thresholds it uses."""
 
     enabled: bool = True

@@ -43,22 +43,20 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
-    BaseModel,
-    ConfigDict,
     Field,
     ValidationError,
     field_validator,
     model_validator,
 )
 
-from tritonwatch.schemas.config import (
-    ConfigError,
-    Duration,
-    PositiveDuration,
-    error_lines,
-    read_yaml,
-)
+from tritonwatch.schemas.config import ConfigError, error_lines, read_yaml
 from tritonwatch.schemas.regressions import DEFAULT_RULE_NAMES, DefaultsSpec, RegressionSpec
+from tritonwatch.schemas.values import (
+    Duration,
+    FrozenAliased,
+    PositiveDuration,
+    supported_version,
+)
 
 _NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.:\-]*$"
 _LABEL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -110,18 +108,10 @@ LabelMap = Annotated[dict[str, str], AfterValidator(_label_names)]
 TemplateMap = Annotated[dict[str, str], AfterValidator(_templates)]
 
 
-class _Frozen(BaseModel):
-    # Field docstrings become descriptions in the exported JSON Schema; ``for`` is a keyword in
-    # Python, so those fields carry an alias and populate by either name.
-    model_config = ConfigDict(
-        frozen=True, extra="forbid", use_attribute_docstrings=True, populate_by_name=True
-    )
-
-
 # --- SLIs ------------------------------------------------------------------------------------
 
 
-class _ProbeFilter(_Frozen):
+class _ProbeFilter(FrozenAliased):
     probe: str | None = None
     """Only events of this probe (the ``probe`` label, ``probes[].name``); all probes if unset."""
     model: str | None = None
@@ -158,7 +148,7 @@ class ProbeSuccessSli(_ProbeFilter):
     """Successful probe requests over all probe requests."""
 
 
-class _ServerFilter(_Frozen):
+class _ServerFilter(FrozenAliased):
     model: str | None = None
     """Only this model (the ``model`` label); every model if unset."""
     version: str | None = None
@@ -215,7 +205,7 @@ Sli = Annotated[
 # --- SLOs ------------------------------------------------------------------------------------
 
 
-class SeverityAlerting(_Frozen):
+class SeverityAlerting(FrozenAliased):
     """One severity of an SLO's burn-rate alert."""
 
     enabled: bool = True
@@ -226,7 +216,7 @@ class SeverityAlerting(_Frozen):
     """Extra annotations of this severity's alert (templates, see ``alerts[].annotations``)."""
 
 
-class SloAlerting(_Frozen):
+class SloAlerting(FrozenAliased):
     """The multiwindow, multi-burn-rate alerts of an SLO (tiers in alerts/windows.yaml)."""
 
     name: str = Field(default="SLOBurnRate", pattern=_NAME_PATTERN)
@@ -245,7 +235,7 @@ class SloAlerting(_Frozen):
     """Firing time after the condition was last true."""
 
 
-class SloSpec(_Frozen):
+class SloSpec(FrozenAliased):
     """A service level objective with its error budget and burn-rate alerts."""
 
     name: str = Field(min_length=1, max_length=200, pattern=_NAME_PATTERN)
@@ -287,7 +277,7 @@ Op = Literal[">", ">=", "<", "<=", "==", "!="]
 ThresholdAgg = Literal["avg", "min", "max", "last", "sum"]
 
 
-class ThresholdRuleSpec(_Frozen):
+class ThresholdRuleSpec(FrozenAliased):
     """A series aggregated over a window and compared with a threshold (like a PromQL rule
     ``avg_over_time(series[window]) > threshold``), one alert per series (or ``by`` group)."""
 
@@ -332,7 +322,7 @@ class ThresholdRuleSpec(_Frozen):
 # --- the file --------------------------------------------------------------------------------
 
 
-class RulesFile(_Frozen):
+class RulesFile(FrozenAliased):
     """The rules file: every alert Tritonwatch evaluates besides the built-in defaults."""
 
     version: int = 1
@@ -349,9 +339,7 @@ class RulesFile(_Frozen):
     @field_validator("version")
     @classmethod
     def _supported_version(cls, value: int) -> int:
-        if value != 1:
-            raise ValueError(f"unsupported rules version {value}; this release reads version 1")
-        return value
+        return supported_version(value, "rules")
 
     @model_validator(mode="after")
     def _unique_names(self) -> RulesFile:

@@ -151,34 +151,27 @@ def _rollup_table(name: str) -> Table:
 rollups_5m = _rollup_table("rollups_5m")
 rollups_1h = _rollup_table("rollups_1h")
 
-# The latest outcome per (target, source), like Prometheus ``up`` plus scrape metadata.
-target_health = Table(
-    "target_health",
-    metadata,
-    Column("target", Text, nullable=False),
-    Column("source", Text, nullable=False),
-    Column("ts", BigInteger, nullable=False),
-    Column("up", Boolean, nullable=False),
-    Column("duration_s", Double, nullable=False),
-    Column("samples", BigInteger, nullable=False),
-    Column("error", Text, nullable=True),
-    PrimaryKeyConstraint("target", "source"),
-)
+def _health_table(name: str, *key: str) -> Table:
+    # One outcome of a scrape (or NVML read, probe run) per row: schemas.samples.TargetHealth.
+    return Table(
+        name,
+        metadata,
+        Column("target", Text, nullable=False),
+        Column("source", Text, nullable=False),
+        Column("ts", BigInteger, nullable=False),
+        Column("up", Boolean, nullable=False),
+        Column("duration_s", Double, nullable=False),
+        Column("samples", BigInteger, nullable=False),
+        Column("error", Text, nullable=True),
+        PrimaryKeyConstraint(*key),
+    )
 
+
+# The latest outcome per (target, source), like Prometheus ``up`` plus scrape metadata.
+target_health = _health_table("target_health", "target", "source")
 # Only up/down transitions (and each source's first report): a few rows a day, enough for
 # "when did this target go down" without storing every scrape.
-target_health_log = Table(
-    "target_health_log",
-    metadata,
-    Column("target", Text, nullable=False),
-    Column("source", Text, nullable=False),
-    Column("ts", BigInteger, nullable=False),
-    Column("up", Boolean, nullable=False),
-    Column("duration_s", Double, nullable=False),
-    Column("samples", BigInteger, nullable=False),
-    Column("error", Text, nullable=True),
-    PrimaryKeyConstraint("target", "source", "ts"),
-)
+target_health_log = _health_table("target_health_log", "target", "source", "ts")
 
 model_configs = Table(
     "model_configs",

@@ -34,7 +34,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,7 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
+from tests.serving import QuietHandler
 from tritonwatch.api.receiver import receiver_router
 from tritonwatch.schemas.alerting import ReceiverConfig
 from tritonwatch.schemas.alerts import AlertEvent
@@ -75,12 +76,8 @@ def free_port() -> int:
 
 # --- the webhook recorder ---------------------------------------------------------------------
 
-class _RecorderHandler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+class _RecorderHandler(QuietHandler):
     server: _RecorderServer
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
 
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)

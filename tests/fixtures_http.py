@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import gzip
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import pytest
+
+from tests.serving import QuietHandler, serving
 
 OK_BODY = (
     "# HELP nv_inference_count Number of inferences performed\n"
@@ -27,12 +28,8 @@ OK_BODY = (
 )
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+class _Handler(QuietHandler):
     server: _Server
-
-    def log_message(self, format: str, *args: object) -> None:  # silence stderr
-        pass
 
     def _send(self, code: int, body: bytes, headers: dict[str, str] | None = None) -> None:
         self.send_response(code)
@@ -108,13 +105,8 @@ def serve_fake_targets(ok_body: str = OK_BODY) -> Iterator[FakeTargets]:
     server = _Server(("127.0.0.1", 0), _Handler)
     server.hits = []
     server.ok_body = ok_body
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serving(server):
         yield FakeTargets(server)
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 @pytest.fixture

@@ -18,17 +18,15 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import pytest
 
+from tests.serving import QuietHandler
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+
+class _Handler(QuietHandler):
     server: FakeOpenAIServer
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
 
     def setup(self) -> None:
         super().setup()

@@ -8,6 +8,7 @@ nvidia-pytriton once) and stopped when the session ends.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -49,3 +50,15 @@ def rig_load(triton_rig: TritonRig) -> Iterator[Callable[..., LoadGenerator]]:
     yield start
     for gen in started:
         gen.stop()
+
+
+def serve_config(rig: TritonRig, db: Path, flush_interval: str, *more: str) -> str:
+    """A ``tritonwatch.yaml`` that scrapes ``rig`` every second (its API every 2 s) into the
+    SQLite file ``db``; ``more`` adds top-level lines."""
+    return (
+        "targets:\n"
+        f"  - {{name: rig, metrics_url: '{rig.metrics_url}', http_url: '{rig.http_url}'}}\n"
+        "scrape: {interval: 1s, timeout: 1s, api_interval: 2s}\n"
+        f"store: {{url: 'sqlite:///{db}', flush_interval: {flush_interval}}}\n"
+        + "".join(f"{line}\n" for line in more)
+    )

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import time
@@ -15,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from tests.serving import terminate
 
 INSTALL_HINT = "install Debian's prometheus package (apt-get install prometheus)"
 
@@ -101,9 +102,4 @@ def run_prometheus(config: str, workdir: Path, timeout: float = 60.0) -> Iterato
         yield prom
     finally:
         prom.http.close()
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        terminate(proc, 20)

@@ -1,13 +1,7 @@
 import pytest
 
-from tritonwatch.schemas.config import (
-    DEFAULT_STORE_URL,
-    ConfigError,
-    load_config,
-    parse_duration,
-    parse_size,
-    validate_config,
-)
+from tritonwatch.schemas.config import DEFAULT_STORE_URL, ConfigError, load_config, validate_config
+from tritonwatch.schemas.values import format_duration, parse_duration, parse_size
 
 GOOD = """
 version: 1
@@ -45,6 +39,11 @@ def test_bad_durations_are_refused_with_the_input_quoted(text):
         return
     with pytest.raises(ValueError, match="duration"):
         parse_duration(text)
+
+
+@pytest.mark.parametrize("seconds", [0.5, 1, 45, 90.5, 300, 3600, 5400, 259200, 28 * 86400])
+def test_a_formatted_duration_parses_back_to_itself(seconds):
+    assert parse_duration(format_duration(seconds)) == seconds
 
 
 def test_sizes():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.clock import Clock
 from tritonwatch.schemas.untrusted import RepeatLimiter, db_text, log_safe
 
 
@@ -48,16 +49,8 @@ def test_db_text_replaces_nul_and_bounds_length_but_keeps_the_rest():
     assert db_text("z" * 50, 10) == "z" * 10 + "... [50 chars]"
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_repeat_limiter_lets_one_line_per_key_and_interval_through_and_counts_the_rest():
-    clock = FakeClock()
+    clock = Clock(0.0)
     limiter = RepeatLimiter(60.0, clock=clock)
     assert limiter.check("a") == 0
     assert [limiter.check("a") for _ in range(5)] == [None] * 5
@@ -73,7 +66,7 @@ def test_repeat_limiter_lets_one_line_per_key_and_interval_through_and_counts_th
 
 
 def test_repeat_limiter_remembers_a_bounded_number_of_keys():
-    clock = FakeClock()
+    clock = Clock(0.0)
     limiter = RepeatLimiter(60.0, max_keys=3, clock=clock)
     for key in range(10):  # a sender inventing a key per request
         assert limiter.check(key) == 0

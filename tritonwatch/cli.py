@@ -23,11 +23,12 @@ import logging
 import socket
 import sys
 import traceback
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from tritonwatch.schemas.config import ConfigError, load_config
 from tritonwatch.schemas.configfile import redact_text
+from tritonwatch.schemas.values import host_port, parse_duration
 
 log = logging.getLogger("tritonwatch")
 
@@ -35,6 +36,8 @@ EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
+
+T = TypeVar("T")
 
 
 def _out(text: str) -> None:
@@ -207,29 +210,27 @@ def cmd_probe(args: argparse.Namespace) -> int:
     return run(args)
 
 
-def _listen(value: str) -> str:
-    """``--listen HOST:PORT``, checked as ``api.listen`` is (a bad one is a usage error)."""
-    from tritonwatch.schemas.config import host_port
-
-    try:
-        return host_port(value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def cmd_dashboard(args: argparse.Namespace) -> int:
     from tritonwatch.dashboard_cmd import run
 
     return run(args)
 
 
-def _duration(value: str) -> float:
-    from tritonwatch.schemas.config import parse_duration
+def _usage_checked(check: Callable[[str], T]) -> Callable[[str], T]:
+    """An argparse ``type`` from a schemas check: a bad value is a usage error whose message is
+    the check's own (it names the value, credentials masked)."""
+    def convert(value: str) -> T:
+        try:
+            return check(value)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
 
-    try:
-        return parse_duration(value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    return convert
+
+
+#: ``--listen HOST:PORT``, checked as ``api.listen`` is.
+_listen = _usage_checked(host_port)
+_duration = _usage_checked(parse_duration)
 
 
 def _time(value: str) -> float:

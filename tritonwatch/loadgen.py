@@ -23,13 +23,13 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import numpy as np
 import tritonclient.grpc as grpcclient
 
 from tritonwatch.collector.grpc_options import channel_args
+from tritonwatch.lifecycle import StartStop
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ class LoadStats:
     last_error: str | None = None
 
 
-class LoadGenerator:
+class LoadGenerator(StartStop):
     """Drives ``batcher`` and ``fake_llm`` on a Triton server (normally a :class:`TritonRig`)."""
 
     def __init__(
@@ -92,18 +92,6 @@ class LoadGenerator:
         self._started = False
 
     # -- control -------------------------------------------------------------------------------
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     @property
     def running(self) -> bool:

@@ -22,8 +22,8 @@ from rich.table import Table
 from tritonwatch.collector.probes.runner import ProbeRunner
 from tritonwatch.collector.probes.stats import STAT_KEYS, summarize
 from tritonwatch.render import make_console
-from tritonwatch.schemas.configfile import redact_url_text
 from tritonwatch.schemas.probes import InferInput, ProbeConfig, ProbeResult
+from tritonwatch.schemas.values import redact_url_text
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130  # as tritonwatch.cli
 

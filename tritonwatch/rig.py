@@ -51,8 +51,9 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
+
+from tritonwatch.lifecycle import StartStop
 
 log = logging.getLogger(__name__)
 
@@ -216,7 +217,7 @@ def _set_parent_death_signal() -> None:
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
-class TritonRig:
+class TritonRig(StartStop):
     """A tritonserver process on free local ports, serving the rig's model repository.
 
     Use as a context manager, or call :meth:`start` and :meth:`stop`. :meth:`restart` keeps the
@@ -287,18 +288,6 @@ class TritonRig:
         return self._proc is not None and self._proc.poll() is None
 
     # -- lifecycle -----------------------------------------------------------------------------
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def _prepare(self) -> TritonInstall:
         if self._install is None:

@@ -51,10 +51,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from tritonwatch.collector.remote_write.buffer import Record, SegmentBuffer
 from tritonwatch.collector.remote_write.encode import Batch, Encoder
-from tritonwatch.schemas.configfile import redact_url_text
 from tritonwatch.schemas.remote_write import RemoteWriteConfig
 from tritonwatch.schemas.samples import Labels, Sample
 from tritonwatch.schemas.untrusted import RepeatLimiter, log_safe
+from tritonwatch.schemas.values import redact_url_text
 
 log = logging.getLogger(__name__)
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from tritonwatch.alerts.rules import format_duration as fmt_duration
 from tritonwatch.dashboard import charts, loaders
 from tritonwatch.dashboard.state import current
 from tritonwatch.dashboard.text import md
+from tritonwatch.schemas.values import format_duration as fmt_duration
 
 sel = current()
 st.header("SLOs")

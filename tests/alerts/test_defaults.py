@@ -1,5 +1,6 @@
 """The built-in rules (alerts/defaults.py): each fires on its fault and stays quiet on steady
-noisy traffic and on a traffic drop.  Data: bench.detection's generator, in a real SQLite store."""
+noisy traffic and on a traffic drop.  Data: tests/alerts/scenarios.py's generator, in a real
+SQLite store."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 
 import tritonwatch.alerts.defaults
-from bench.detection import HISTORY_S, SPAN_S, T0, Scenario, samples
+from tests.alerts.scenarios import HISTORY_S, SPAN_S, T0, Scenario, samples
 from tests.alerts.test_history import CountingStore
 from tritonwatch.alerts.availability import FailureRatioSpikeRule, sums_counts
 from tritonwatch.alerts.capacity import KvCacheForecastRule

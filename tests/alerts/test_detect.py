@@ -110,34 +110,31 @@ def test_traffic_drop_is_not_a_regression(store: Store) -> None:
     assert detect(store, SPEC.model_copy(update={"load_series": None}), NOW)
 
 
-def test_load_known_in_one_window_only_is_not_comparable(store: Store) -> None:
-    # The fill rate halves; the request rate is only stored during the baseline (traffic, or
-    # its exporter, stopped): nothing shows the load was comparable, so no verdict.
+def write_halving_fill(store: Store, seed: int, load_known: Callable[[float], bool]) -> None:
+    """A fill rate that halves at ONSET, with the request rate stored only where
+    ``load_known(ts)``."""
     fill = step_at(ONSET, 0.6, 0.3)
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     ts = T0
     while ts <= NOW:
         ss = [Sample("sli:batch_fill_rate", M, fill(ts) * float(rng.lognormal(0, 0.05)))]
-        if ts < NOW - SPEC.recent_window:
+        if load_known(ts):
             ss.append(Sample("sli:request_rate", M, 20.0 * float(rng.lognormal(0, 0.05))))
         store.write("t1", ts, ss)
         ts += 30.0
     store.flush()
+
+
+def test_load_known_in_one_window_only_is_not_comparable(store: Store) -> None:
+    # The fill rate halves; the request rate is only stored during the baseline (traffic, or
+    # its exporter, stopped): nothing shows the load was comparable, so no verdict.
+    write_halving_fill(store, 0, lambda ts: ts < NOW - SPEC.recent_window)
     assert detect(store, SPEC, NOW) == []
     assert detect(store, SPEC.model_copy(update={"load_series": None}), NOW)
 
 
 def test_load_known_only_now_is_not_comparable(store: Store) -> None:
-    fill = step_at(ONSET, 0.6, 0.3)
-    rng = np.random.default_rng(1)
-    ts = T0
-    while ts <= NOW:
-        ss = [Sample("sli:batch_fill_rate", M, fill(ts) * float(rng.lognormal(0, 0.05)))]
-        if ts >= NOW - SPEC.recent_window:
-            ss.append(Sample("sli:request_rate", M, 20.0 * float(rng.lognormal(0, 0.05))))
-        store.write("t1", ts, ss)
-        ts += 30.0
-    store.flush()
+    write_halving_fill(store, 1, lambda ts: ts >= NOW - SPEC.recent_window)
     assert detect(store, SPEC, NOW) == []
 
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from bench.detection import HISTORY_S, Scenario
+from tests.alerts.scenarios import HISTORY_S, Scenario
 from tests.alerts.test_defaults import load
 from tritonwatch.alerts.defaults import default_rules
 from tritonwatch.alerts.detect import RegressionRule

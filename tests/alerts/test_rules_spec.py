@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tritonwatch.alerts.rules import SloBurnRule, ThresholdRule, format_duration, load_rules, render
+from tritonwatch.alerts.rules import SloBurnRule, ThresholdRule, load_rules, render
 from tritonwatch.cli import main
 from tritonwatch.schemas.config import ConfigError
 from tritonwatch.schemas.rules import (
@@ -22,6 +22,7 @@ from tritonwatch.schemas.rules import (
     validate_rules,
 )
 from tritonwatch.schemas.samples import Sample, make_labels
+from tritonwatch.schemas.values import format_duration
 from tritonwatch.store import Store
 
 EXAMPLE = """

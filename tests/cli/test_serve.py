@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from tests.fixtures_http import free_port
+from tests.fixtures_rig import serve_config
 from tritonwatch.store import open_store
 
 EXE = Path(sys.executable).with_name("tritonwatch")
@@ -73,13 +74,7 @@ def test_serve_scrapes_the_rig_and_flushes_on_sigterm(triton_rig, rig_load, tmp_
     db = tmp_path / "tw.db"
     config = tmp_path / "tw.yaml"
     # A flush interval far beyond the test: only the shutdown flush can write the samples.
-    config.write_text(
-        "targets:\n"
-        f"  - {{name: rig, metrics_url: '{triton_rig.metrics_url}',"
-        f" http_url: '{triton_rig.http_url}'}}\n"
-        "scrape: {interval: 1s, timeout: 1s, api_interval: 2s}\n"
-        f"store: {{url: 'sqlite:///{db}', flush_interval: 1h}}\n"
-    )
+    config.write_text(serve_config(triton_rig, db, "1h"))
     proc = start_serve(["--config", str(config), "--listen", f"127.0.0.1:{port}"], tmp_path)
     try:
         base = f"http://127.0.0.1:{port}"

@@ -860,7 +860,7 @@ def test_summed_increases_equal_prometheus_reset_aware_increase(
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_families_outside_derived_from_do_not_change_the_result(seed):
-    from bench.payloads import triton_payload
+    from tests.payloads import triton_payload
     from tritonwatch.collector.derive.catalog import DERIVED_FROM, ROLES
     from tritonwatch.collector.parse import parse, parse_reference
 

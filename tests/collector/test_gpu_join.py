@@ -1,8 +1,9 @@
 """Differential tests: the column-wise GPU join (``TritonGpuPlan``) sees what the sample walk does.
 
-``TritonGpuPlan(shape.names, shape.labels).view(values, derived)`` must equal the view the join
-built before plans existed, ``_triton_view(shape.samples(values) + derived)`` (kept here
-verbatim as ``view_before``), and ``GpuSliDeriver.derive_columns`` must return exactly what
+``TritonGpuPlan(shape.names, shape.labels).view(values, derived)`` and the sample walk
+``_triton_view(shape.samples(values) + derived)`` must both equal ``expected_view``, an oracle
+written from the module's documented rules with an algorithm of its own (itself checked against
+a view worked out by hand), and ``GpuSliDeriver.derive_columns`` must return exactly what
 ``derive`` returns for the same scrapes, run after run.  Checked over every recorded payload,
 generated Triton payloads, values the join must carry through (NaN, infinities, -0.0, DCGM
 gauges that all read 0), targets without GPUs, hypothesis-generated series, and targets whose
@@ -13,10 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import math
+import operator
 import random
 import threading
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from functools import reduce
+from typing import Any, TypeVar
 
 import httpx
 import numpy as np
@@ -24,19 +27,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bench.payloads import triton_payload
 from tests.collector.test_parse import ALL_PROM, FIXTURES, PAYLOAD_SHAPES, read
+from tests.payloads import triton_payload
 from tritonwatch.collector.derive import DERIVED_FROM, Deriver
 from tritonwatch.collector.gpu import (
-    _DCGM_FIELDS,
-    _MODEL_FAMILY_PREFIX,
     EMPTY_PLAN,
     GpuSliDeriver,
     TritonGpuPlan,
     TritonReading,
-    _Gpu,
-    _key,
-    _model_key,
     _triton_view,
     _TritonTarget,
 )
@@ -48,43 +46,91 @@ from tritonwatch.schemas.samples import Sample, TargetHealth, label_value, make_
 A = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
 
 
-def view_before(samples: Iterable[Sample]) -> _TritonTarget:
-    """``collector.gpu._triton_view`` as it was before plans, verbatim: the oracle."""
-    view = _TritonTarget()
+#: Triton's DCGM gauges and the GPU field each one fills, written out here (from Triton's
+#: metrics documentation) rather than taken from collector.gpu: the oracle shares no code with
+#: what it checks.
+DCGM = {
+    "nv_gpu_utilization": "util",
+    "nv_gpu_memory_used_bytes": "mem_used",
+    "nv_gpu_memory_total_bytes": "mem_total",
+    "nv_gpu_power_usage": "power",
+    "nv_gpu_power_limit": "power_limit",
+}
+GPU_FIELDS = ("util", "mem_used", "mem_total", "power", "power_limit")
+PENDING = "nv_inference_pending_request_count"
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+def grouped(pairs: Iterable[tuple[K, V]]) -> dict[K, list[V]]:
+    """Values by key, keys in order of first appearance, values in order."""
+    out: dict[K, list[V]] = {}
+    for key, value in pairs:
+        out.setdefault(key, []).append(value)
+    return out
+
+
+def total(values: list[float]) -> float:
+    # Added one by one in arrival order, from 0.0: the sum a running counter gives.
+    return reduce(operator.add, values, 0.0)
+
+
+def expected_view(samples: Iterable[Sample]) -> tuple[list[Any], ...]:
+    """The join's view of one target, as collector/gpu.py's docstring states it: the oracle.
+
+    Computed its own way (classify every sample once, then group and reduce each part), and
+    shaped like ``canon_view``.  What it encodes: a GPU is any UUID (case and spaces folded)
+    on a DCGM gauge or a model's ``nv_inference_*`` series, spelt as first seen; its gauges are
+    the last reading of each, all forgotten when utilization, memory used and power all read
+    0 (a failed DCGM read); models are those of ``nv_inference_*`` series with a model label
+    plus those of raw ``sli:pending_requests``/``sli:queue_time_seconds``; pending counts sum
+    per model and GPU, or per model where the series has no GPU; the SLIs keep their last
+    value.
+    """
+    rows = []  # (kind, model, gpu key, gpu spelling, name, value)
     for name, labels, value in samples:
-        dcgm_field = _DCGM_FIELDS.get(name)
-        if dcgm_field is not None:
-            uuid = label_value(labels, "gpu_uuid")
-            if uuid:
-                gpu = view.gpus.setdefault(_key(uuid), _Gpu(uuid))
-                setattr(gpu, dcgm_field, value)
+        uuid = label_value(labels, "gpu_uuid")
+        model = (label_value(labels, "model"), label_value(labels, "version"),
+                 label_value(labels, "namespace"))
+        if name in DCGM:
+            kind = "dcgm"
+        elif name.startswith("nv_inference_") and model[0]:
+            kind = "pending" if name == PENDING else "model"
+        elif name in ("sli:pending_requests", "sli:queue_time_seconds"):
+            kind = name
+        else:
             continue
-        if name.startswith(_MODEL_FAMILY_PREFIX) and label_value(labels, "model"):
-            model = _model_key(labels)
-            view.models.add(model)
-            uuid = label_value(labels, "gpu_uuid")
-            if uuid:
-                view.model_gpus.setdefault(model, set()).add(_key(uuid))
-                view.gpus.setdefault(_key(uuid), _Gpu(uuid))
-            if name == "nv_inference_pending_request_count":
-                if uuid:
-                    per_gpu = view.pending_by_gpu.setdefault(model, {})
-                    per_gpu[_key(uuid)] = per_gpu.get(_key(uuid), 0.0) + value
-                else:
-                    view.pending_raw[model] = view.pending_raw.get(model, 0.0) + value
-        elif name == "sli:pending_requests":
-            model = _model_key(labels)
-            view.models.add(model)
-            view.pending_sli[model] = value
-        elif name == "sli:queue_time_seconds":
-            model = _model_key(labels)
-            view.models.add(model)
-            view.queue_time[model] = value
-    # DCGM reports a failed read as 0 for every gauge: unknown, not idle.
-    for k, gpu in list(view.gpus.items()):
-        if not any((gpu.util, gpu.mem_used, gpu.power)):
-            view.gpus[k] = _Gpu(gpu.uuid)
-    return view
+        rows.append((kind, model, uuid.strip().lower(), uuid, name, value))
+
+    on_gpu = [r for r in rows if r[3] and r[0] in ("dcgm", "model", "pending")]
+    spelling = {key: spelt[0] for key, spelt in grouped((r[2], r[3]) for r in on_gpu).items()}
+    readings = grouped(((r[2], DCGM[r[4]]), r[5]) for r in rows if r[0] == "dcgm" and r[3])
+    gpus = []
+    for key, uuid in spelling.items():
+        last = {f: readings[(key, f)][-1] if (key, f) in readings else None for f in GPU_FIELDS}
+        if not (last["util"] or last["mem_used"] or last["power"]):
+            last = dict.fromkeys(GPU_FIELDS)
+        gpus.append((key, uuid, *(repr(last[f]) for f in GPU_FIELDS), None))
+
+    models = sorted({r[1] for r in rows if r[0] != "dcgm"})
+    model_rows = [r for r in rows if r[0] in ("model", "pending") and r[3]]
+    model_gpus = [(m, sorted(set(keys)))
+                  for m, keys in grouped((r[1], r[2]) for r in model_rows).items()]
+    per_gpu = grouped((r[1], (r[2], r[5])) for r in rows if r[0] == "pending" and r[3])
+    pending_by_gpu = [(m, [(k, repr(total(vs))) for k, vs in grouped(pairs).items()])
+                      for m, pairs in per_gpu.items()]
+
+    def by_model(kind: str, reduce_: Callable[[list[float]], float]) -> list[tuple[object, str]]:
+        chosen = (r for r in rows if r[0] == kind and (kind != "pending" or not r[3]))
+        return [(m, repr(reduce_(vs))) for m, vs in grouped((r[1], r[5]) for r in chosen).items()]
+
+    return (
+        gpus, models, model_gpus, pending_by_gpu,
+        by_model("pending", total),
+        by_model("sli:pending_requests", lambda vs: vs[-1]),
+        by_model("sli:queue_time_seconds", lambda vs: vs[-1]),
+    )
 
 
 def canon_view(view: _TritonTarget) -> tuple[object, ...]:
@@ -125,10 +171,10 @@ def assert_join_matches(shape: Shape, values: np.ndarray, derived: list[Sample])
     """The plan's view and the column-wise join equal the sample walk's, for one scrape."""
     plan = TritonGpuPlan(shape.names, shape.labels)
     samples = shape.samples(values) + derived
-    expected = view_before(samples)
-    assert canon_view(plan.view(values, derived)) == canon_view(expected)
-    assert canon_view(_triton_view(samples)) == canon_view(expected)
-    nvml = nvml_for(expected.gpus)
+    expected = expected_view(samples)
+    assert canon_view(plan.view(values, derived)) == expected
+    assert canon_view(_triton_view(samples)) == expected
+    nvml = nvml_for(gpu[0] for gpu in expected[0])
     columns = GpuSliDeriver().derive_columns(nvml, {"t": TritonReading(plan, values, derived)})
     assert canon_samples(columns) == canon_samples(GpuSliDeriver().derive(nvml, {"t": samples}))
 
@@ -144,10 +190,9 @@ def perturbed(shape: Shape, values: np.ndarray, seed: int) -> np.ndarray:
             if rng.random() < 0.5:
                 out[i] = rng.choice(odd)
     uuids = [label_value(lbl, "gpu_uuid") for lbl in shape.labels]
-    first = next((u for n, u in zip(shape.names, uuids, strict=True) if n in _DCGM_FIELDS and u),
-                 None)
+    first = next((u for n, u in zip(shape.names, uuids, strict=True) if n in DCGM and u), None)
     for i, (name, uuid) in enumerate(zip(shape.names, uuids, strict=True)):
-        if name in _DCGM_FIELDS and uuid == first:
+        if name in DCGM and uuid == first:
             out[i] = 0.0
     return out
 
@@ -163,6 +208,53 @@ def scrape_pair(first: str, second: str) -> tuple[Shape, np.ndarray, list[Sample
         derived = deriver.derive(shape.snapshot("t", ts, values, keep=DERIVED_FROM), {})
     assert shape is not None
     return shape, values, derived
+
+
+def test_the_oracle_agrees_with_a_view_worked_out_by_hand():
+    def s(name: str, value: float, **labels: str) -> Sample:
+        return Sample(name, make_labels(labels), value)
+
+    m, n, o = ("m", "1", ""), ("n", "2", ""), ("o", "1", "")
+    samples = [
+        s("nv_gpu_utilization", 0.5, gpu_uuid="GPU-A"),
+        s("nv_gpu_memory_used_bytes", 100.0, gpu_uuid="GPU-A"),
+        s("nv_gpu_power_usage", 0.0, gpu_uuid="GPU-A"),
+        s("nv_gpu_utilization", 0.75, gpu_uuid="GPU-A"),  # a later reading wins
+        # GPU-B: utilization, memory and power all 0 is a failed read, total or not.
+        s("nv_gpu_utilization", 0.0, gpu_uuid="GPU-B"),
+        s("nv_gpu_memory_used_bytes", 0.0, gpu_uuid="GPU-B"),
+        s("nv_gpu_memory_total_bytes", 800.0, gpu_uuid="GPU-B"),
+        s("nv_gpu_power_usage", 0.0, gpu_uuid=""),  # no GPU: ignored
+        s("nv_inference_request_success", 7.0, model="m", version="1", gpu_uuid=" gpu-a "),
+        s("nv_inference_pending_request_count", 2.0, model="m", version="1", gpu_uuid="gpu-a"),
+        s("nv_inference_pending_request_count", 3.0, model="m", version="1", gpu_uuid="GPU-C"),
+        s("nv_inference_pending_request_count", 0.5, model="m", version="1", gpu_uuid="gpu-c"),
+        s("nv_inference_pending_request_count", 4.0, model="n", version="2"),
+        s("nv_inference_pending_request_count", 1.5, model="n", version="2"),
+        s("nv_inference_request_success", 1.0, version="1", gpu_uuid="GPU-D"),  # no model
+        s("nv_cpu_utilization", 0.3),
+        s("sli:queue_time_seconds", 0.25, model="n", version="2"),
+        s("sli:pending_requests", 5.0, model="o", version="1"),
+        s("sli:pending_requests", 6.0, model="o", version="1"),
+    ]
+    by_hand = (
+        [("gpu-a", "GPU-A", "0.75", "100.0", "None", "0.0", "None", None),
+         ("gpu-b", "GPU-B", "None", "None", "None", "None", "None", None),
+         ("gpu-c", "GPU-C", "None", "None", "None", "None", "None", None)],
+        [m, n, o],
+        [(m, ["gpu-a", "gpu-c"])],
+        [(m, [("gpu-a", "2.0"), ("gpu-c", "3.5")])],
+        [(n, "5.5")],
+        [(o, "6.0")],
+        [(n, "0.25")],
+    )
+    assert expected_view(samples) == by_hand
+    names = [x.name for x in samples]
+    labels = [x.labels for x in samples]
+    values = np.array([x.value for x in samples], np.float64)
+    view = TritonGpuPlan(names, labels).view(values)
+    assert canon_view(view) == by_hand
+    assert canon_view(_triton_view(samples)) == by_hand
 
 
 # --------------------------------------------------------------------------------------------
@@ -200,7 +292,7 @@ def test_generated_payloads_join_like_the_sample_walk(kwargs):
 def test_a_target_without_a_scrape_joins_only_its_derived_slis():
     derived = [Sample("sli:queue_time_seconds", make_labels({"model": "m", "version": "1"}), 0.1)]
     view = EMPTY_PLAN.view(np.empty(0), derived)
-    assert canon_view(view) == canon_view(view_before(derived))
+    assert canon_view(view) == expected_view(derived)
 
 
 def test_values_of_another_structure_are_refused():
@@ -213,7 +305,7 @@ def test_values_of_another_structure_are_refused():
 # --------------------------------------------------------------------------------------------
 # Generated series: per-GPU pending counts, UUID spellings, raw sli:* series, odd values
 
-_NAMES = (*_DCGM_FIELDS, "nv_energy_consumption", "nv_inference_pending_request_count",
+_NAMES = (*DCGM, "nv_energy_consumption", "nv_inference_pending_request_count",
           "nv_inference_request_success", "nv_inference_queue_duration_us",
           "sli:pending_requests", "sli:queue_time_seconds", "nv_cpu_utilization")
 _VALUES = st.one_of(
@@ -242,9 +334,9 @@ def test_generated_series_join_like_the_sample_walk(raw, derived):
     plan = TritonGpuPlan(names, labels)
     samples = [Sample(n, lbl, v) for n, lbl, v in zip(names, labels, values.tolist(),
                                                        strict=True)]
-    expected = view_before(samples + derived)
-    assert canon_view(plan.view(values, derived)) == canon_view(expected)
-    nvml = nvml_for(k.upper() for k in expected.gpus)
+    expected = expected_view(samples + derived)
+    assert canon_view(plan.view(values, derived)) == expected
+    nvml = nvml_for(gpu[0].upper() for gpu in expected[0])
     columns = GpuSliDeriver().derive_columns(nvml, {"t": TritonReading(plan, values, derived)})
     assert canon_samples(columns) == canon_samples(
         GpuSliDeriver().derive(nvml, {"t": samples + derived}))
@@ -386,7 +478,7 @@ def test_a_scrape_replacing_the_last_scrape_meanwhile_never_mismatches_plan_and_
         shape, values = parse_columns(body)
         # Each scrape's derived SLIs name it: the reading must never mix two scrapes.
         derived = [Sample("sli:scrape", (), float(i))]
-        scrapes.append(((shape, values, derived), canon_view(view_before(shape.samples(values)))))
+        scrapes.append(((shape, values, derived), expected_view(shape.samples(values))))
     expected = {repr(c): float(i) for i, (_, c) in enumerate(scrapes)}
     stop = threading.Event()
 

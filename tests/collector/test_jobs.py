@@ -11,8 +11,9 @@ import httpx
 import pytest
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
-from bench.payloads import triton_payload
+from tests.clock import Clock
 from tests.fixtures_http import FakeTargets, serve_fake_targets
+from tests.payloads import triton_payload
 from tritonwatch.collector.jobs import API_MAX_CONCURRENCY, Collector, stagger_offset
 from tritonwatch.collector.parse import parse_fast
 from tritonwatch.collector.self_metrics import SelfMetrics
@@ -241,14 +242,6 @@ class MockTarget:
 
     def client(self) -> httpx.AsyncClient:
         return httpx.AsyncClient(transport=httpx.MockTransport(self.handler))
-
-
-class Clock:
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def fake_reading(stats=STATS, raw_configs=None):

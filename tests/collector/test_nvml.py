@@ -21,6 +21,7 @@ import pydantic
 import pynvml
 import pytest
 
+from tests.clock import Clock
 from tritonwatch.collector import nvml as nvml_mod
 from tritonwatch.collector.nvml import (
     CLOCK_EVENT_REASONS,
@@ -219,12 +220,7 @@ class FakePynvml:
         self.calls["nvmlEventSetFree"] += 1
 
 
-class Clock:
-    def __init__(self, t: float = 1_700_000_000.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
+T0 = 1_700_000_000.0
 
 
 def by_name(samples: list[Sample], series: str, /, **labels: str) -> list[Sample]:
@@ -239,7 +235,7 @@ def value(samples: list[Sample], series: str, /, **labels: str) -> float:
 
 
 def collector(fake: FakePynvml, clock: Clock | None = None, **kw: Any) -> NvmlCollector:
-    return NvmlCollector("gpu-node-7", clock=clock or Clock(), nvml_module=fake, **kw)
+    return NvmlCollector("gpu-node-7", clock=clock or Clock(T0), nvml_module=fake, **kw)
 
 
 # --- readings ------------------------------------------------------------------------------------
@@ -250,7 +246,7 @@ def test_every_reading_of_a_gpu_is_a_series_in_base_units() -> None:
     samples, health = collector(fake).collect()
     assert health.up and health.error is None and health.source == "nvml"
     assert health.target == "gpu-node-7" and health.samples == len(samples)
-    assert health.ts == Clock().t
+    assert health.ts == T0
     assert all(label_value(s.labels, "gpu_uuid") == UUID0 for s in samples)
     assert all(label_value(s.labels, "index") == "0" for s in samples)
     assert value(samples, "nvml_gpu_up") == 1.0
@@ -456,14 +452,14 @@ def test_no_nvml_library_is_one_stable_health_entry_logged_once_with_backoff(
     attempts: list[float] = []
     errors = set()
     with caplog.at_level(logging.DEBUG, logger="tritonwatch.collector.nvml"):
-        while clock.t <= 3600:  # an hour of 15 s reads
+        while clock.now <= 3600:  # an hour of 15 s reads
             before = fake.calls["nvmlInit"]
             samples, health = c.collect()
             if fake.calls["nvmlInit"] > before:
-                attempts.append(clock.t)
+                attempts.append(clock.now)
             assert samples == [] and not health.up and health.samples == 0
             errors.add(health.error)
-            clock.t += 15
+            clock.now += 15
     assert errors == {"NVML unavailable: NVML Shared Library Not Found"}
     gaps = [b - a for a, b in itertools.pairwise(attempts)]
     assert gaps[:4] == [30, 60, 120, 240]  # doubling (rounded up to the 15 s schedule)
@@ -484,12 +480,12 @@ def test_nvml_that_appears_later_is_picked_up_and_the_backoff_resets(
     c = collector(fake, clock, retry_min_s=30, retry_max_s=300)
     _, health = c.collect()
     assert health.error == "NVML unavailable: Driver Not Loaded"
-    clock.t = 10
+    clock.now = 10
     c.collect()
     assert fake.calls["nvmlInit"] == 1  # within the back-off: not asked
-    clock.t = 30
+    clock.now = 30
     c.collect()
-    clock.t = 90
+    clock.now = 90
     with caplog.at_level(logging.WARNING, logger="tritonwatch.collector.nvml"):
         samples, health = c.collect()
     assert health.up and samples and c.available
@@ -503,22 +499,22 @@ def test_driver_gone_mid_run_shuts_down_and_retries_with_backoff() -> None:
     c = collector(fake, clock, retry_min_s=30)
     assert c.collect()[1].up
     fake.count = nvml_error(pynvml.NVML_ERROR_UNINITIALIZED)
-    clock.t = 15
+    clock.now = 15
     samples, health = c.collect()
     assert samples == [] and not health.up
     assert health.error == "NVML unavailable: Uninitialized"
     assert fake.calls["nvmlShutdown"] == 1 and fake.calls["nvmlEventSetFree"] == 1
     fake.count = None
-    clock.t = 30
+    clock.now = 30
     assert not c.collect()[1].up  # still backing off
-    clock.t = 45
+    clock.now = 45
     assert c.collect()[1].up
     assert fake.calls["nvmlInit"] == 2
 
 
 def test_pynvml_not_installed_is_reported_not_raised(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", None)  # makes `import pynvml` raise ImportError
-    samples, health = NvmlCollector("h", clock=Clock()).collect()
+    samples, health = NvmlCollector("h", clock=Clock(T0)).collect()
     assert samples == [] and not health.up
     assert health.error is not None
     assert health.error.startswith("NVML unavailable: pynvml is not installed")
@@ -536,7 +532,7 @@ def test_real_pynvml_on_this_machine_reports_nvml_unavailable_once() -> None:
     c = NvmlCollector("this-host", clock=clock)  # the real pynvml module
     results = []
     for t in (0.0, 15.0, 30.0):
-        clock.t = t
+        clock.now = t
         results.append(c.collect())
     for samples, health in results:
         assert samples == [] and not health.up and health.source == "nvml"
@@ -683,7 +679,7 @@ def test_config_defaults_durations_and_from_config() -> None:
                                      "pcie": False})
     assert cfg.enabled and cfg.interval == 30.0 and cfg.init_retry_min == 30.0
     assert cfg.init_retry_max == 600.0 and cfg.idle_utilization_below == 0.1
-    c = NvmlCollector.from_config(cfg, clock=Clock(), nvml_module=FakePynvml([h100(UUID0)]))
+    c = NvmlCollector.from_config(cfg, clock=Clock(T0), nvml_module=FakePynvml([h100(UUID0)]))
     samples, health = c.collect()
     assert health.target == "gpu-node-7" and c.retry_max_s == 600.0 and not c.pcie
     assert all(label_value(s.labels, "rack") == "r1" for s in samples)

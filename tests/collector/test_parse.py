@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Summary
 from prometheus_client.exposition import generate_latest
 
-from bench.payloads import series_count, triton_payload
+from tests.payloads import series_count, triton_payload
 from tritonwatch.collector import parse as parse_module
 from tritonwatch.collector.parse import (
     MAX_LABELS,

@@ -15,7 +15,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bench.payloads import triton_payload
 from tests.collector.test_parse import (
     ALL_PROM,
     FAST_FIXTURES,
@@ -25,6 +24,7 @@ from tests.collector.test_parse import (
     regular_exposition,
     wild_exposition,
 )
+from tests.payloads import triton_payload
 from tritonwatch.collector.parse import ParseError, parse
 from tritonwatch.collector.shape import Shape, parse_columns
 

@@ -192,24 +192,23 @@ def test_fleet_target_rows_link_to_the_target_filtered_pages(rig_store, monkeypa
 
     # Following the link: ?target= preselects the sidebar's target, and the page filters.
     monkeypatch.setenv(CONFIG_ENV, str(rig_store.config))
-    at = AppTest.from_file(APP, default_timeout=120)
-    at.query_params["target"] = "gone"
-    at.run()
-    at.switch_page("app_pages/alerts.py")
-    at.sidebar.selectbox(key="sb_range").set_value("15 min")
-    at.run()
-    assert not at.exception, [e.value for e in at.exception]
+
+    def alerts_page_linked_for(target: str) -> AppTest:
+        at = AppTest.from_file(APP, default_timeout=120)
+        at.query_params["target"] = target
+        at.run()
+        at.switch_page("app_pages/alerts.py")
+        at.sidebar.selectbox(key="sb_range").set_value("15 min")
+        at.run()
+        assert not at.exception, [e.value for e in at.exception]
+        return at
+
+    at = alerts_page_linked_for("gone")
     assert at.sidebar.selectbox(key="sb_target").value == "gone"
     active = frame(at, "since (UTC)")
     assert "TargetDown" in set(active["alert"])
     assert set(active["target"]) <= {"gone", ""}
-    at = AppTest.from_file(APP, default_timeout=120)
-    at.query_params["target"] = "rig"
-    at.run()
-    at.switch_page("app_pages/alerts.py")
-    at.sidebar.selectbox(key="sb_range").set_value("15 min")
-    at.run()
-    assert not at.exception, [e.value for e in at.exception]
+    at = alerts_page_linked_for("rig")
     # The other target's TargetDown is filtered out of the active and history tables.
     assert "gone" not in set(frame(at, "since (UTC)")["target"])
     assert "gone" not in set(frame(at, "time (UTC)")["target"])

@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.fixtures_rig import serve_config
 from tests.prometheus_server import Prometheus, free_port, run_prometheus, scrape_config
 from tritonwatch.rig import TritonRig
 from tritonwatch.store import open_store
@@ -72,15 +73,11 @@ def test_prometheus_reads_tritonwatch_and_the_dashboard_has_data(
     db = tmp_path / "tw.db"
     (tmp_path / "rules.yaml").write_text(RULES)
     config = tmp_path / "tw.yaml"
-    config.write_text(
-        "targets:\n"
-        f"  - {{name: rig, metrics_url: '{triton_rig.metrics_url}',"
-        f" http_url: '{triton_rig.http_url}'}}\n"
-        "scrape: {interval: 1s, timeout: 1s, api_interval: 2s}\n"
-        f"store: {{url: 'sqlite:///{db}', flush_interval: 1s}}\n"
-        f"alerting: {{rules_file: '{tmp_path / 'rules.yaml'}', eval_interval: 2s}}\n"
-        "nvml: {enabled: true, interval: 2s}\n"
-    )
+    config.write_text(serve_config(
+        triton_rig, db, "1s",
+        f"alerting: {{rules_file: '{tmp_path / 'rules.yaml'}', eval_interval: 2s}}",
+        "nvml: {enabled: true, interval: 2s}",
+    ))
     proc = subprocess.Popen([sys.executable, "-m", "tritonwatch.cli", "serve", "--config",
                              str(config), "--listen", f"127.0.0.1:{port}"], cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

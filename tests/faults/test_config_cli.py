@@ -32,7 +32,7 @@ import threading
 import time
 import zipfile
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,7 @@ import yaml
 
 from tests.fixtures_http import OK_BODY, FakeTargets, free_port
 from tests.fixtures_openai import FakeOpenAIServer
+from tests.serving import QuietHandler, serving
 from tritonwatch.schemas.config import validate_config
 from tritonwatch.store import open_store
 
@@ -166,14 +167,10 @@ def test_a_yaml_syntax_error_names_file_line_and_column_not_the_text(tmp_path: P
     assert "YamlTok" not in proc.stderr + proc.stdout
 
 
-class _EchoHeaders(BaseHTTPRequestHandler):
+class _EchoHeaders(QuietHandler):
     """FAKE receiver: answers every POST with 400 and the request's headers in the body."""
 
-    protocol_version = "HTTP/1.1"
     server: _EchoServer
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
 
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length", "0")))
@@ -198,13 +195,8 @@ class _EchoServer(ThreadingHTTPServer):
 def echo_receiver() -> Iterator[_EchoServer]:
     server = _EchoServer(("127.0.0.1", 0), _EchoHeaders)
     server.seen = []
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serving(server):
         yield server
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def test_an_alertmanager_echoing_our_headers_leaks_no_credential_into_the_log(
@@ -576,16 +568,12 @@ def test_docker_compose_gives_serve_what_its_config_expands() -> None:
 # 16. inspect: the HTTP API without assuming port 8002; tables on a pipe
 # =============================================================================================
 
-class _FakeTriton(BaseHTTPRequestHandler):
+class _FakeTriton(QuietHandler):
     """FAKE Triton on one port (as behind a proxy): /metrics answers the recorded load-1
     snapshot, then load-2; with ``api`` set, /v2 answers the recorded model config and
     statistics of the rig's ``batcher``."""
 
-    protocol_version = "HTTP/1.1"
     server: _FakeTritonServer
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
 
     def _send(self, code: int, body: bytes) -> None:
         self.send_response(code)

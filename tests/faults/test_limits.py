@@ -24,13 +24,15 @@ import re
 import threading
 from collections.abc import Callable
 from contextlib import ExitStack
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
+from tests.clock import Clock
 from tests.fixtures_http import OK_BODY, FakeTargets, serve_fake_targets
+from tests.serving import QuietHandler
 from tritonwatch.api.app import create_app
 from tritonwatch.api.receiver import WEBHOOK_PATH
 from tritonwatch.collector.jobs import HEALTH_ERROR_MAX, Collector
@@ -46,12 +48,7 @@ TOKEN = "receiver-token-abcdef-0123456789"
 CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
-class Clock:
-    def __init__(self, now: float = 1_800_000_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
+T0 = 1_800_000_000.0
 
 
 def config_for(targets: list[dict[str, Any]], **scrape: Any) -> Any:
@@ -113,7 +110,7 @@ def test_a_scrape_over_sample_limit_fails_whole_with_up_0_and_nothing_stored(sto
             ],
             sample_limit=100,
         )
-        clock = Clock()
+        clock = Clock(T0)
         collector = Collector(config, store, clock=clock)
         rounds = scrape_rounds(collector, clock, 2, store=store)
 
@@ -161,7 +158,7 @@ def test_a_scrape_over_a_label_limit_fails_whole_naming_the_metric(limit, series
                 {"name": "good", "metrics_url": good.url("/ok")},
             ]
         )
-        clock = Clock()
+        clock = Clock(T0)
         rounds = scrape_rounds(Collector(config, store, clock=clock), clock, 2, store=store)
     assert [r["bad"].error for r in rounds] == [reason, reason]
     assert all(r["good"].up and not r["bad"].up for r in rounds)
@@ -208,7 +205,7 @@ def test_series_beyond_series_limit_are_refused_counted_and_warned_once(make_sto
             {"name": "churny", "metrics_url": churny.url("/ok"), "series_limit": 30},
             {"name": "good", "metrics_url": good.url("/ok")},
         ])
-        clock = Clock()
+        clock = Clock(T0)
         metrics = SelfMetrics()
         collector = Collector(config, store, clock=clock, metrics=metrics)
 
@@ -274,7 +271,7 @@ def test_a_60kb_unparsable_line_is_logged_escaped_cut_and_once(store, caplog):
             {"name": "hostile", "metrics_url": hostile.url("/ok")},
             {"name": "good", "metrics_url": good.url("/ok")},
         ])
-        clock = Clock()
+        clock = Clock(T0)
         collector = Collector(config, store, clock=clock)
 
         def before(i: int) -> None:
@@ -294,15 +291,11 @@ def test_a_60kb_unparsable_line_is_logged_escaped_cut_and_once(store, caplog):
     assert not CONTROL.search(error) and 0 < len(error) <= HEALTH_ERROR_MAX + 40
 
 
-class _HostileModelServer(BaseHTTPRequestHandler):
+class _HostileModelServer(QuietHandler):
     """A model server whose error message would forge log lines, paint the terminal and break
     PostgreSQL: a real HTTP server, answering every request with a 500."""
 
-    protocol_version = "HTTP/1.1"
     MESSAGE = "boom\nERROR forged \x1b[31m\x00 " + "A" * 5_000
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
 
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length", "0")))
@@ -379,7 +372,7 @@ def test_a_nul_byte_from_a_target_never_freezes_health_on_postgres(postgres_db_u
                 {"name": "nul", "metrics_url": nul.url("/ok")},
                 {"name": "nul-label", "metrics_url": nul_label.url("/ok")},
             ])
-            clock = Clock()
+            clock = Clock(T0)
             api = stack.enter_context(TestClient(create_app(store)))
             seen: list[dict[str, Any]] = []
 
@@ -451,7 +444,7 @@ def test_a_counter_falling_below_zero_never_gives_a_negative_rate(store):
     with ExitStack() as stack:
         target = served(stack, _COUNTER_BODY.format(v=FALLING[0]))
         config = config_for([{"name": "falling", "metrics_url": target.url("/ok")}])
-        clock = Clock()
+        clock = Clock(T0)
 
         def before(i: int) -> None:
             target.server.ok_body = _COUNTER_BODY.format(v=FALLING[i])

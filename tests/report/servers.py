@@ -4,16 +4,16 @@ server (aiosmtpd) recording messages, both on 127.0.0.1 in this process."""
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
 
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import AuthResult, Envelope, LoginPassword, Session
 
 from tests.fixtures_http import free_port
+from tests.serving import QuietHandler, serving
 
 
 class Hook(ThreadingHTTPServer):
@@ -29,11 +29,9 @@ class Hook(ThreadingHTTPServer):
         return f"http://127.0.0.1:{self.server_address[1]}/hooks/s3cr3t-token-path"
 
 
-class _HookHandler(BaseHTTPRequestHandler):
+class _HookHandler(QuietHandler):
+    protocol_version = "HTTP/1.0"  # as it always answered
     server: Hook
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
 
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
@@ -50,15 +48,8 @@ class _HookHandler(BaseHTTPRequestHandler):
 
 @contextmanager
 def webhook_server(statuses: list[int] | None = None) -> Iterator[Hook]:
-    server = Hook(statuses or [200])
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serving(Hook(statuses or [200])) as server:
         yield server
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
 
 
 class Mailbox:

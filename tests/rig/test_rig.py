@@ -134,7 +134,14 @@ def test_grpc_stream_tokens_and_live_ttft(
 
     # The model's send times share the client's clock (CLOCK_MONOTONIC): each token was sent
     # after the request and received after it was sent.
-    log = [r for r in triton_rig.response_log() if r["request_id"] == fast.request_id]
+    # The model writes each line just after sending its response, so the final line may land
+    # after the client has the final response: wait for it (10 s at most).
+    deadline = time.monotonic() + 10
+    while True:
+        log = [r for r in triton_rig.response_log() if r["request_id"] == fast.request_id]
+        if len(log) >= 7 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     assert [r["index"] for r in log] == list(range(7))
     assert [r["final"] for r in log] == [False] * 6 + [True]
     assert fast.sent_ns < log[0]["t_ns"] <= fast.token_ns[0]
@@ -315,6 +322,21 @@ def test_restart_keeps_ports_and_resets_counters(
     assert after.batcher.ok > before.batcher.ok, after
     assert after.llm.ok > before.llm.ok, after
     assert gen.running
+
+
+def test_the_models_read_the_control_file_with_the_same_code() -> None:
+    # Each model must carry its own copy of the reader (Triton loads model.py standalone): the
+    # copies may not drift apart.
+    import ast
+
+    from tritonwatch.rig import DEFAULT_MODEL_REPO
+
+    def control_class(model: str) -> str:
+        tree = ast.parse((DEFAULT_MODEL_REPO / model / "1" / "model.py").read_text())
+        (node,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "_Control"]
+        return ast.dump(node)
+
+    assert control_class("batcher") == control_class("fake_llm")
 
 
 def test_control_defaults_match_the_models(triton_rig: TritonRig) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -21,6 +20,7 @@ from typing import Any
 import httpx
 
 from tests.prometheus_server import free_port
+from tests.serving import terminate
 
 VM_INSTALL_HINT = "install Debian's victoria-metrics package (apt-get install victoria-metrics)"
 PROM_INSTALL_HINT = "install Debian's prometheus package (apt-get install prometheus)"
@@ -78,12 +78,7 @@ class Receiver:
         proc, self.proc = self.proc, None
         if proc is None:
             return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        terminate(proc, 30)
 
     def log_tail(self) -> str:
         return self.log_path.read_text(errors="replace")[-3000:]

@@ -14,8 +14,9 @@ import time
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
+from tests.serving import QuietHandler, serving
 from tritonwatch.collector.scrape import MEMBER_HEADER
 
 _COUNTERS = ("nv_inference_request_success", "nv_inference_request_failure",
@@ -38,12 +39,8 @@ def payload(scrape: int, models: int, gpus: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+class _Handler(QuietHandler):
     server: _Server
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
 
     def do_GET(self) -> None:
         name = self.path.rsplit("/", 1)[-1]
@@ -109,10 +106,5 @@ def simulated_targets(models: int = 3, gpus: int = 2) -> Iterator[SimulatedTarge
     server.scrapes = defaultdict(int)
     server.models, server.gpus = models, gpus
     server.broken = set()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serving(server):
         yield SimulatedTargets(server)
-    finally:
-        server.shutdown()
-        server.server_close()

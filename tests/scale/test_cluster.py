@@ -30,6 +30,7 @@ from tests.fixtures_alertmanager import AlertmanagerServer
 from tests.fixtures_http import free_port
 from tests.scale.receivers import VictoriaMetrics, running
 from tests.scale.targets import SimulatedTargets, simulated_targets
+from tests.serving import terminate
 from tritonwatch.cluster import rendezvous
 from tritonwatch.schemas.config import validate_config
 from tritonwatch.store.leases import PG_LOCK_EVALUATOR
@@ -101,12 +102,7 @@ class Member:
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+            terminate(self.proc, 60)
 
     def log_tail(self) -> str:
         return self.log.read_text(errors="replace")[-3000:]

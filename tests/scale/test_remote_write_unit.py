@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import cramjam
@@ -25,6 +25,7 @@ from prometheus_client import CollectorRegistry
 
 from tests.fixtures_http import free_port
 from tests.scale.targets import payload
+from tests.serving import QuietHandler, serving
 from tritonwatch.collector.remote_write.buffer import SegmentBuffer
 from tritonwatch.collector.remote_write.encode import Batch, Encoder, varint
 from tritonwatch.collector.remote_write.third_party.prompb import remote_pb2, types_pb2
@@ -188,12 +189,8 @@ class _Receiver(ThreadingHTTPServer):
     lock: threading.Lock
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+class _Handler(QuietHandler):
     server: _Receiver
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
 
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers["Content-Length"]))
@@ -214,13 +211,8 @@ def fake_receiver(script: list[tuple[int, bytes]], port: int = 0) -> Iterator[_R
     then 204."""
     server = _Receiver(("127.0.0.1", port), _Handler)
     server.script, server.requests, server.lock = list(script), [], threading.Lock()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serving(server):
         yield server
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def _writer(tmp_path: Path, url: str, **extra: object) -> tuple[RemoteWriter, CollectorRegistry]:

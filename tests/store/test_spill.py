@@ -4,7 +4,6 @@ the next start; damaged files and other stores' files never block a start."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -12,17 +11,9 @@ import pytest
 
 from tritonwatch.schemas.probes import ProbeResult
 from tritonwatch.schemas.samples import Sample, TargetHealth, make_labels
-from tritonwatch.store import Store, StoreError, open_store, spill
+from tritonwatch.store import Store, StoreError, spill
 
 T = 1_700_000_000.0
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    s = open_store(f"sqlite:///{tmp_path}/tw.db")
-    s.create_schema()
-    yield s
-    s.close()
 
 
 def buffer_some(store: Store) -> None:

@@ -51,6 +51,10 @@ DEFAULTS: dict[str, object] = {
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
+# The same class stands in the other rig model, on purpose: Triton's Python backend loads each
+# model.py on its own (a stub process per model, nothing of ours on its path), and the model
+# repository's root may hold only model directories, so there is no place for a module both
+# could import.  tests/rig/test_rig.py keeps the two copies identical.
 class _Control:
     """Reads the control file, re-parsing only when the file was replaced or changed."""
 

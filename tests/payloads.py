@@ -1,4 +1,4 @@
-"""Synthetic but realistic Triton ``/metrics`` payloads, for benchmarks and differential tests.
+"""Synthetic but realistic Triton ``/metrics`` payloads, for tests and benchmarks.
 
 ``triton_payload()`` with its defaults (20 models, 8 GPUs, TRT-LLM on) writes 2,879 series
 (``series_count``) in about 390 KB, shaped like a real multi-model LLM server:
@@ -26,7 +26,7 @@ import math
 import random
 from collections.abc import Callable
 
-__all__ = ["series_count", "triton_payload"]
+__all__ = ["Template", "series_count", "triton_payload"]
 
 _RngFactory = Callable[..., random.Random]
 
@@ -421,6 +421,50 @@ def _trtllm_families(
         # Microseconds since the epoch, as TRT-LLM reports it since mid-2024.
         timestamp = 1_764_480_000_000_000 + step * 15_000_000
         w.series("nv_trt_llm_general_metrics", _labels(m, general_type="timestamp"), timestamp)
+
+
+class Template:
+    """One simulated server: fixed series order, values ``v0 + step * (v1 - v0)``."""
+
+    def __init__(self, seed: int, models: int, gpus: int) -> None:
+        first = triton_payload(models=models, gpus=gpus, seed=seed, step=0).splitlines()
+        second = triton_payload(models=models, gpus=gpus, seed=seed, step=1).splitlines()
+        later = {}
+        for line in second:
+            if line and line[0] != "#":
+                head, _, value = line.rpartition(" ")
+                later[head] = value
+        self.parts: list[tuple[str, float, float] | str] = []
+        typ = ""
+        for line in first:
+            if not line or line[0] == "#":
+                if line.startswith("# TYPE "):
+                    typ = line.rsplit(" ", 1)[1]
+                self.parts.append(line)
+                continue
+            head, _, value = line.rpartition(" ")
+            v0, v1 = float(value), float(later.get(head, value))
+            # Counters (and histogram/summary counts and sums) advance; gauges and quantiles
+            # keep their first value, so related gauges (KV-cache used/free/max) stay coherent.
+            grows = typ == "counter" or (
+                typ in ("histogram", "summary") and "quantile=" not in head
+            )
+            dv = v1 - v0 if grows and v1 == v1 and v0 == v0 else 0.0
+            self.parts.append((head + " ", v0, dv))
+        self.series = sum(1 for p in self.parts if not isinstance(p, str))
+
+    def render(self, step: int) -> bytes:
+        out = []
+        for p in self.parts:
+            if isinstance(p, str):
+                out.append(p)
+            else:
+                head, v0, dv = p
+                v = v0 + step * dv
+                out.append(head + ("NaN" if v != v else repr(v) if v != int(v) else str(int(v))))
+        out.append("")
+        return "\n".join(out).encode()
+
 
 
 def series_count(text: str) -> int:
