@@ -551,17 +551,20 @@ def test_the_dockerfile_builds_the_new_layout_and_runs_as_its_own_user(tmp_path:
 
 
 def test_docker_compose_gives_serve_what_its_config_expands() -> None:
-    text = (REPO / "docker-compose.yml").read_text()
-    compose = yaml.safe_load(text)
-    serve = compose["services"]["serve"]
-    assert "POSTGRES_PASSWORD" in serve["environment"]
+    compose = yaml.safe_load((REPO / "docker-compose.yml").read_text())
     volume = next(json.loads(a)[0] for op, a in _dockerfile() if op == "VOLUME")
-    assert any(str(v).endswith(f":{volume}") for v in serve["volumes"])
-    # The store line the comment tells users to write validates and expands as it says.
-    (line,) = [ln.lstrip("# ").strip() for ln in text.splitlines()
-               if ln.startswith("#") and "store:" in ln]
-    config = validate_config(yaml.safe_load(line), environ={"POSTGRES_PASSWORD": "pw-42"})
-    assert config.store.url == "postgresql://tritonwatch:pw-42@postgres/tritonwatch"
+    collectors = [s for s in compose["services"].values() if s.get("command", [""])[0] == "serve"]
+    assert len(collectors) >= 2
+    for serve in collectors:
+        assert "POSTGRES_PASSWORD" in serve["environment"]
+        # the image's data directory is a volume of each collector's own
+        assert any(str(v).endswith(f":{volume}") for v in serve["volumes"])
+    # The config they mount validates and expands the password as the comments say.
+    config = validate_config(yaml.safe_load((REPO / "deploy" / "tritonwatch.yaml").read_text()),
+                             environ={"POSTGRES_PASSWORD": "pw-42",
+                                      "TRITONWATCH_API_TOKEN": "t" * 32,
+                                      "ALERT_WEBHOOK_URL": "http://example.invalid/hook"})
+    assert config.store.url == "postgresql://tritonwatch:pw-42@postgres:5432/tritonwatch"
 
 
 # =============================================================================================
