@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -194,3 +195,14 @@ def test_the_test_suite_never_imports_bench() -> None:
             wrong += [f"{path.relative_to(ROOT)}: {n}" for n in names
                       if n == "bench" or n.startswith("bench.")]
     assert wrong == []
+
+
+def test_architecture_md_names_only_files_that_exist() -> None:
+    """ARCHITECTURE.md's "where do I change X" answers stay true as files move: every path it
+    names in backticks exists (a glob such as ``dashboard/loaders*.py`` matches something)."""
+    text = (ROOT / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    paths = {p for p in re.findall(r"`([\w./*<>-]+\.(?:py|yaml|md))`", text)
+             if "/" in p and "<" not in p}
+    assert len(paths) > 20  # the table was read
+    missing = sorted(p for p in paths if not any(ROOT.glob(p)))
+    assert not missing, missing
