@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from tritonwatch.alerts.history import BucketHistory, group_grid, quantum_for
 from tritonwatch.schemas.samples import Sample, make_labels
-from tritonwatch.store import SeriesColumns, SeriesData, Store
+from tritonwatch.store import Query, SeriesColumns, SeriesData, Store
 
 T0 = 1_750_003_200.0  # on the 5-minute grid
 A = make_labels({"model": "a", "version": "1"})
@@ -28,19 +28,19 @@ class CountingStore:
 
     def buckets(self, name: str, **kw: Any) -> list[SeriesData]:
         self.calls.append(("buckets", name, kw["start"], kw["end"]))
-        return self._store.buckets(name, **kw)
+        return self._store.read(Query(name, **kw)).series()
 
     def bucket_columns(self, name: str, **kw: Any) -> SeriesColumns:
         self.calls.append(("buckets", name, kw["start"], kw["end"]))
-        return self._store.bucket_columns(name, **kw)
+        return self._store.read(Query(name, **kw))
 
     def range(self, name: str, **kw: Any) -> list[SeriesData]:
         self.calls.append(("range", name, kw["start"], kw["end"]))
-        return self._store.range(name, **kw)
+        return self._store.read(Query(name, **kw)).series()
 
     def range_columns(self, name: str, **kw: Any) -> SeriesColumns:
         self.calls.append(("range", name, kw["start"], kw["end"]))
-        return self._store.range_columns(name, **kw)
+        return self._store.read(Query(name, **kw))
 
     def __getattr__(self, attr: str) -> Any:
         return getattr(self._store, attr)
