@@ -1,4 +1,8 @@
-"""Every read of the dashboard: cached functions over the store and the alert layer.
+"""The dashboard's reads: cached functions over the store and the alert layer.
+
+This module holds what every page shares (settings, the store, time and text helpers, health,
+inventory, series); each page family's own reads are beside it: ``model_loaders`` (model and
+LLM pages), ``fleet_loaders`` (fleet, probes), ``slo_loaders`` (SLOs, alerts, reports).
 
 Pages never touch the store: they call these.  Each loader takes plain, hashable arguments
 (the store URL, names, times rounded to ``TIME_QUANTUM_S``) so that ``st.cache_data`` serves
