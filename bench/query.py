@@ -38,6 +38,7 @@ import numpy as np
 
 from bench.common import Fleet, simulated_fleet
 from bench.ingest import postgres_backend
+from tests.store_sql import raw_engine
 from tritonwatch.collector.jobs import Collector
 from tritonwatch.schemas.config import validate_config
 from tritonwatch.schemas.samples import Sample, make_labels
@@ -243,7 +244,7 @@ async def ingest_during(store: Store, fleet: Fleet, targets: int, *, baseline_s:
 
 
 def reset_rollups(store: Store) -> None:
-    with transaction(store._engine, write=True) as conn:  # bench only: start rollups afresh
+    with transaction(raw_engine(store), write=True) as conn:  # bench only: start rollups afresh
         for table in ("rollups_5m", "rollups_1h"):
             conn.exec_driver_sql(f"DELETE FROM {table}")
         conn.exec_driver_sql(
