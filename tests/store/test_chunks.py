@@ -353,6 +353,8 @@ def test_chunk_store_answers_like_a_reference_model(store_url: str, ops, final_c
 
 # --- upgrade from schema version 1 -----------------------------------------------------------
 
+# Version 1's table as it was: gone from schemas.tables, so written out here; alike in shape to
+# today's tables on purpose.
 _v1 = MetaData()
 _v1_samples = Table(
     "samples",
