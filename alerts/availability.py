@@ -15,6 +15,7 @@ from tritonwatch.alerts.series_reads import MODEL, BuiltinRule, group_sums, per_
 from tritonwatch.schemas.alerts import AlertCandidate
 from tritonwatch.schemas.samples import Labels, make_labels
 from tritonwatch.schemas.values import Duration, format_duration
+from tritonwatch.store import Query
 
 if TYPE_CHECKING:
     from tritonwatch.store import SeriesKey, Store
@@ -40,14 +41,15 @@ def sums_counts(
         a[0] += total
         a[1] += n
 
-    count_cols = store.bucket_columns(name, start=lo, end=hi, step=QUANTUM_S, agg="count")
+    count_cols = store.read(Query(name, start=lo, end=hi, step=QUANTUM_S, agg="count"))
     counts = dict(zip(count_cols.keys, per_series(count_cols).tolist(), strict=True))
-    sum_cols = store.bucket_columns(name, start=lo, end=hi, step=QUANTUM_S, agg="sum")
+    sum_cols = store.read(Query(name, start=lo, end=hi, step=QUANTUM_S, agg="sum"))
     for key, total in zip(sum_cols.keys, per_series(sum_cols).tolist(), strict=True):
         if math.isfinite(total):
             add(key, total, counts.get(key, 0.0))
             continue
-        for raw in store.range(name, start=lo, end=hi, target=key.target, match=dict(key.labels)):
+        for raw in store.read(Query(name, start=lo, end=hi, target=key.target,
+                                    match=dict(key.labels))).series():
             if raw.labels == key.labels:
                 finite = [v for v in raw.values if math.isfinite(v)]
                 add(key, math.fsum(finite), float(len(finite)))
@@ -98,9 +100,9 @@ class FailureRatioSpikeRule(BuiltinRule):
         ok_base, fail_base = self._base(store, now)
 
         # [sum, count] of the finite samples of (split, now].
-        ok_now = group_sums(store.range_columns("sli:request_rate", start=split, end=now),
+        ok_now = group_sums(store.read(Query("sli:request_rate", start=split, end=now)),
                              MODEL, after=split)
-        fail_now = group_sums(store.range_columns("sli:failure_rate", start=split, end=now),
+        fail_now = group_sums(store.read(Query("sli:failure_rate", start=split, end=now)),
                                (*MODEL, "reason"), after=split)
 
         def mean(a: list[float] | None) -> float:
@@ -164,12 +166,12 @@ class TargetDownRule(BuiltinRule):
 
     def evaluate(self, store: Store, now: float) -> list[AlertCandidate]:
         last: dict[str, tuple[float, float]] = {}  # target -> (ts, value) of latest ``up``
-        for sd in store.buckets("up", start=now - self.lookback, end=now, step=60.0,
-                                agg="min"):
+        for sd in store.read(Query("up", start=now - self.lookback, end=now, step=60.0,
+                                   agg="min")).series():
             if sd.ts and (sd.target not in last or sd.ts[-1] > last[sd.target][0]):
                 last[sd.target] = (sd.ts[-1], sd.values[-1])
         # The latest raw samples decide (a bucket's min hides a recovery inside it).
-        recent = store.range("up", start=now - 2 * self.stale_after, end=now)
+        recent = store.read(Query("up", start=now - 2 * self.stale_after, end=now)).series()
         for sd in recent:
             if sd.ts and sd.ts[-1] >= last.get(sd.target, (-math.inf, 0.0))[0]:
                 last[sd.target] = (sd.ts[-1], sd.values[-1])

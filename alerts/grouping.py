@@ -13,6 +13,7 @@ import numpy.typing as npt
 
 from tritonwatch.schemas.regressions import RegressionSpec
 from tritonwatch.schemas.samples import Labels, make_labels
+from tritonwatch.store import Query
 
 if TYPE_CHECKING:
     from tritonwatch.store import SeriesData, Store
@@ -69,10 +70,10 @@ class SeriesLoader:
     ) -> list[SeriesData]:
         key = (name, start, end, tuple(sorted((match or {}).items())), target)
         if key not in self._cache:
-            self._cache[key] = self.store.buckets(
+            self._cache[key] = self.store.read(Query(
                 name, start=start, end=end, step=self.step, agg="avg", match=match or None,
                 target=target,
-            )
+            )).series()
         return self._cache[key]
 
 

@@ -26,6 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tritonwatch.schemas.samples import Labels, make_labels
+from tritonwatch.store import Query
 from tritonwatch.store.values import SeriesColumns
 
 if TYPE_CHECKING:
@@ -121,8 +122,8 @@ def read_columns(
 ) -> SeriesColumns:
     """``avg`` buckets of every series of ``names`` as one set of columns: a load driver
     made of several series (successes and failures) is grouped and summed like one."""
-    parts = [store.bucket_columns(n, start=start, end=end, step=step, agg="avg",
-                                  match=match or None) for n in names]
+    parts = [store.read(Query(n, start=start, end=end, step=step, agg="avg",
+                              match=match or None)) for n in names]
     if len(parts) == 1:
         return parts[0]
     keys = [k for p in parts for k in p.keys]

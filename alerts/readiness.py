@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from tritonwatch.schemas.alerts import AlertCandidate
 from tritonwatch.schemas.samples import label_value, make_labels
+from tritonwatch.store import Query
 
 if TYPE_CHECKING:
     from tritonwatch.store import Store
@@ -42,7 +43,7 @@ class ModelNotReadyRule:
         start = now - self.window_s
         down = []
         loaded: dict[tuple[str, str], float] = {}  # (target, model) -> when last read ready
-        for s in store.range(READY, start=start, end=now):
+        for s in store.read(Query(READY, start=start, end=now)).series():
             model = label_value(s.labels, "model")
             if s.values and s.values[-1] == 0.0:
                 down.append((s.target, model, label_value(s.labels, "version"), s.ts[-1]))
@@ -56,7 +57,7 @@ class ModelNotReadyRule:
         if not down:
             return []
         reasons: dict[tuple[str, str, str], tuple[float, str, str]] = {}
-        for s in store.range(REASON, start=start, end=now):
+        for s in store.read(Query(REASON, start=start, end=now)).series():
             key = (s.target, label_value(s.labels, "model"), label_value(s.labels, "version"))
             seen = reasons.get(key)
             if seen is None or s.ts[-1] > seen[0]:

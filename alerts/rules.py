@@ -27,6 +27,7 @@ from tritonwatch.schemas.alerts import AlertCandidate
 from tritonwatch.schemas.rules import RulesFile, SloSpec, ThresholdRuleSpec, load_rules_file
 from tritonwatch.schemas.samples import Labels, make_labels
 from tritonwatch.schemas.values import format_duration
+from tritonwatch.store import Query
 
 if TYPE_CHECKING:
     from tritonwatch.alerts.model import Rule
@@ -171,8 +172,8 @@ class ThresholdRule:
 
     def evaluate(self, store: Store, now: float) -> list[AlertCandidate]:
         spec = self.spec
-        data = store.range(spec.series, start=now - spec.window, end=now, target=spec.target,
-                           match=spec.match)
+        data = store.read(Query(spec.series, start=now - spec.window, end=now, target=spec.target,
+                                match=spec.match)).series()
         groups: dict[Labels, list[tuple[float, float]]] = defaultdict(list)
         for s in data:
             if spec.by is None:

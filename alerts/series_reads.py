@@ -15,6 +15,7 @@ from pydantic import ConfigDict
 
 from tritonwatch.schemas.alerts import AlertCandidate
 from tritonwatch.schemas.samples import Labels, make_labels
+from tritonwatch.store import Query
 
 if TYPE_CHECKING:
     from tritonwatch.store import SeriesColumns, Store
@@ -53,7 +54,7 @@ def means(
     store: Store, name: str, now: float, window: float, by: tuple[str, ...]
 ) -> dict[tuple[str, Labels], float]:
     """Mean over ``[now - window, now]`` of each group (target, ``by`` labels)."""
-    acc = group_sums(store.range_columns(name, start=now - window, end=now), by)
+    acc = group_sums(store.read(Query(name, start=now - window, end=now)), by)
     return {k: a[0] / a[1] for k, a in acc.items() if a[1]}
 
 

@@ -53,6 +53,7 @@ from tritonwatch.schemas.rules import (
 )
 from tritonwatch.schemas.samples import Labels, label_value, make_labels
 from tritonwatch.schemas.values import PositiveDuration
+from tritonwatch.store import Query
 
 if TYPE_CHECKING:
     from tritonwatch.store import SeriesData, Store
@@ -281,10 +282,10 @@ def _sums(
     """Σ of the samples of every matching series in the window, per group."""
     data: list[SeriesData]
     if end - start <= RAW_MAX_WINDOW_S:
-        data = store.range(name, start=start, end=end, target=target, match=match)
+        data = store.read(Query(name, start=start, end=end, target=target, match=match)).series()
     else:
-        data = store.buckets(name, start=start, end=end, step=LONG_STEP_S, agg="sum",
-                             target=target, match=match)
+        data = store.read(Query(name, start=start, end=end, step=LONG_STEP_S, agg="sum",
+                                target=target, match=match)).series()
     out: dict[Labels, float] = defaultdict(float)
     for s in data:
         out[_group(s.labels, s.target, by)] += math.fsum(s.values)
@@ -298,11 +299,12 @@ def _counter_increase(
     """Reset-aware increase of every matching counter in the window, per group."""
     out: dict[Labels, float] = defaultdict(float)
     if end - start <= RAW_MAX_WINDOW_S:
-        for key, inc in store.increase(name, start=start, end=end, target=target, match=match):
+        for key, inc in store.increase(Query(name, start=start, end=end, target=target,
+                                             match=match)):
             out[_group(key.labels, key.target, by)] += inc
         return out
-    for s in store.buckets(name, start=start, end=end, step=LONG_STEP_S, agg="last",
-                           target=target, match=match):
+    for s in store.read(Query(name, start=start, end=end, step=LONG_STEP_S, agg="last",
+                              target=target, match=match)).series():
         out[_group(s.labels, s.target, by)] += _reset_aware(s.values)
     return out
 
@@ -333,11 +335,11 @@ def _queue_time(
     match = _match(sli)
     out: dict[Labels, Events] = defaultdict(lambda: NO_EVENTS)
     if end - start > RAW_MAX_WINDOW_S:
-        queue = {s.key[0::2]: dict(zip(s.ts, s.values, strict=True)) for s in store.buckets(
+        queue = {s.key[0::2]: dict(zip(s.ts, s.values, strict=True)) for s in store.read(Query(
             QUEUE_SERIES, start=start, end=end, step=LONG_STEP_S, agg="avg",
-            target=sli.target, match=match)}
-        for s in store.buckets(RATE_SERIES, start=start, end=end, step=LONG_STEP_S, agg="avg",
-                               target=sli.target, match=match):
+            target=sli.target, match=match)).series()}
+        for s in store.read(Query(RATE_SERIES, start=start, end=end, step=LONG_STEP_S, agg="avg",
+                                  target=sli.target, match=match)).series():
             q = queue.get(s.key[0::2], {})
             group = _group(s.labels, s.target, by)
             for ts, rate in zip(s.ts, s.values, strict=True):
@@ -346,9 +348,10 @@ def _queue_time(
                     out[group] += Events(requests if q[ts] <= sli.threshold else 0.0, requests)
         return dict(out)
     lo = start - RATE_LOOKBACK_S
-    queue = {s.key[0::2]: dict(zip(s.ts, s.values, strict=True)) for s in store.range(
-        QUEUE_SERIES, start=lo, end=end, target=sli.target, match=match)}
-    for s in store.range(RATE_SERIES, start=lo, end=end, target=sli.target, match=match):
+    queue = {s.key[0::2]: dict(zip(s.ts, s.values, strict=True)) for s in store.read(Query(
+        QUEUE_SERIES, start=lo, end=end, target=sli.target, match=match)).series()}
+    for s in store.read(Query(RATE_SERIES, start=lo, end=end, target=sli.target,
+                              match=match)).series():
         q = queue.get(s.key[0::2], {})
         group = _group(s.labels, s.target, by)
         for i in range(1, len(s.ts)):
@@ -369,13 +372,14 @@ def _readiness(
     match = _match(sli)
     out: dict[Labels, Events] = defaultdict(lambda: NO_EVENTS)
     if end - start <= RAW_MAX_WINDOW_S:
-        for s in store.range(name, start=start, end=end, target=sli.target, match=match):
+        for s in store.read(Query(name, start=start, end=end, target=sli.target,
+                                  match=match)).series():
             out[_group(s.labels, s.target, by)] += Events(math.fsum(s.values), len(s.values))
         return dict(out)
-    sums = {s.key: s for s in store.buckets(name, start=start, end=end, step=LONG_STEP_S,
-                                            agg="sum", target=sli.target, match=match)}
-    for s in store.buckets(name, start=start, end=end, step=LONG_STEP_S, agg="count",
-                           target=sli.target, match=match):
+    sums = {s.key: s for s in store.read(Query(name, start=start, end=end, step=LONG_STEP_S,
+                                               agg="sum", target=sli.target, match=match)).series()}
+    for s in store.read(Query(name, start=start, end=end, step=LONG_STEP_S, agg="count",
+                              target=sli.target, match=match)).series():
         good = sums.get(s.key)
         out[_group(s.labels, s.target, by)] += Events(
             math.fsum(good.values) if good is not None else 0.0, math.fsum(s.values))

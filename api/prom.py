@@ -43,6 +43,7 @@ from tritonwatch.api.promql import Selector, parse_query, parse_selector, predic
 from tritonwatch.api.render import matrix_json
 from tritonwatch.schemas.config import ApiConfig
 from tritonwatch.schemas.samples import make_labels
+from tritonwatch.store import Query as StoreQuery
 from tritonwatch.store import SeriesKey, Store
 
 #: ``match[]`` selectors one request may give.
@@ -134,9 +135,9 @@ def prom_router() -> APIRouter:
             cursor = SeriesKey(parts[0], parts[1], make_labels(parts[2]))
         names = _names(sels) if sels else ({name} if name is not None else None)
         keys = await pool.run(
-            store.select_series, names=names, target=target,
-            where=predicate(sels) if sels else None, after=cursor, limit=n + 1, start=lo,
-            end=hi, max_samples=settings.max_samples)
+            store.series_page, StoreQuery(
+                names=names, target=target, where=predicate(sels) if sels else None, start=lo,
+                end=hi, max_samples=settings.max_samples), after=cursor, limit=n + 1)
         more = len(keys) > n
         keys = keys[:n]
         data = [{"__name__": k.name, "target": k.target, **dict(k.labels)} for k in keys]
@@ -153,8 +154,9 @@ def prom_router() -> APIRouter:
         sels = selectors(match, required=False)
         lo, hi = _window(start, end)
         found: list[SeriesKey] = await pool.run(
-            store.select_series, names=_names(sels), where=predicate(sels) if sels else None,
-            start=lo, end=hi, max_samples=settings.max_samples)
+            store.series_page, StoreQuery(
+                names=_names(sels), where=predicate(sels) if sels else None, start=lo, end=hi,
+                max_samples=settings.max_samples))
         return found
 
     @router.get("/labels")
@@ -221,10 +223,10 @@ def prom_router() -> APIRouter:
         times = grid(t_start, t_end, seconds)
 
         def read() -> bytes:
-            cols = store.select_columns(
+            cols = store.read(StoreQuery(
                 start=t_start - window_s(parsed), end=t_end, names=_names([sel]),
                 target=sel.target, where=predicate([sel]), max_series=settings.max_series,
-                max_samples=settings.max_samples)
+                max_samples=settings.max_samples))
             return matrix_json(evaluate(parsed, cols, times))
 
         return Response(await pool.run(read), media_type="application/json")
@@ -236,10 +238,10 @@ async def _legacy(pool: ReadPool, store: Store, settings: ApiConfig, name: str, 
                   end: float, step: float, agg: str, target: str | None) -> Response:
     """``name=&agg=``: buckets of one series name (rollups for 5 m / 1 h multiples)."""
     def read() -> bytes:
-        cols = store.bucket_columns(name, start=start, end=end, step=step,
-                                    agg=agg,  # type: ignore[arg-type]
-                                    target=target, max_series=settings.max_series,
-                                    max_samples=settings.max_samples)
+        cols = store.read(StoreQuery(name, start=start, end=end, step=step,
+                                     agg=agg,  # type: ignore[arg-type]
+                                     target=target, max_series=settings.max_series,
+                                     max_samples=settings.max_samples))
         bounds = cols.bounds.tolist()
         return matrix_json(
             ({"__name__": k.name, "target": k.target, **dict(k.labels)},

@@ -8,10 +8,9 @@ the API's ``{"status": "success", "data": [...]}`` envelope;
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response
-from pydantic import BaseModel
 
 from tritonwatch.api.prom import success
 from tritonwatch.store import Store
@@ -19,17 +18,6 @@ from tritonwatch.store.reports import ReportStore
 
 _MEDIA = {"html": "text/html; charset=utf-8", "md": "text/markdown; charset=utf-8",
           "json": "application/json"}
-
-
-class ReportOut(BaseModel):
-    id: int
-    week: str
-    config_key: str
-    timezone: str
-    start: float
-    end: float
-    created_at: float
-    summary: dict[str, Any]
 
 
 def reports_router() -> APIRouter:
@@ -48,7 +36,8 @@ def reports_router() -> APIRouter:
         limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     ) -> Response:
         rows = await request.app.state.pool.run(_reports(request).list, week=week, limit=limit)
-        return success([ReportOut(**r._asdict()).model_dump() for r in rows])
+        # A row as it is kept (``store.reports.StoredReport``): its fields are the JSON's.
+        return success([r._asdict() for r in rows])
 
     @router.get("/{report_id}")
     async def get_report(

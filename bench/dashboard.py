@@ -5,7 +5,8 @@ models, on SQLite and PostgreSQL; p50 and p95 of cold renders (caches cleared ea
 
 Per model, the series the two pages read: the fleet SLIs, failures by reason, the counters of
 the latency breakdown and of batch_stats, ``up``; and a probe run every 30 s for one model.
-Everything goes through ``Store.write``/``flush`` and ``Store.rollup``, as ``serve`` writes it.
+Everything goes through ``Store.write``/``flush`` and ``Store.maintenance.rollup``, as ``serve``
+writes it.
 Each render is one Streamlit ``AppTest`` run of ``dashboard/streamlit_app.py`` with the 7-day
 range selected, after ``st.cache_data.clear()``: what a first viewer waits for.  Goal: p50
 at most 1 s.
@@ -77,7 +78,7 @@ def load(store: Store, now: float) -> int:
             store.flush()
     store.write_probe_results(probes)
     store.flush()
-    store.rollup(now)
+    store.maintenance.rollup(now)
     return written
 
 
@@ -113,7 +114,7 @@ def main() -> None:
     for backend in backends:
         with store_at(backend) as url, tempfile.TemporaryDirectory() as tmp:
             store = open_store(url)
-            store.create_schema()
+            store.migrations.apply()
             t0 = time.perf_counter()
             rows = load(store, time.time())
             store.close()

@@ -134,7 +134,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             t = time.perf_counter()
             store = open_store(f"sqlite:///{Path(tmp) / 'bench.db'}")
-            store.create_schema()
+            store.migrations.apply()
             for sc in group:
                 for ts, ss in samples(sc, rng):
                     rows += store.write(sc.target, ts, ss)

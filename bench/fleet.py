@@ -42,7 +42,7 @@ from bench.common import (
     wait_until,
 )
 from tests.fixtures_pg import _free_port
-from tritonwatch.store import open_store
+from tritonwatch.store import Query, open_store
 
 
 @dataclass
@@ -123,8 +123,9 @@ def run_size(fleet: Fleet, targets: int, interval: float, duration: float,
         # Read back through the store's own query layer (the samples are stored in chunks).
         # wall1 is exclusive, as a scrape exactly at the end belongs to the next window.
         with open_store(f"sqlite:///{db}") as store:
-            ups = store.range("up", start=wall0, end=wall1 - 0.001)
-            durations = store.range("scrape_duration_seconds", start=wall0, end=wall1 - 0.001)
+            ups = store.read(Query("up", start=wall0, end=wall1 - 0.001)).series()
+            durations = store.read(Query("scrape_duration_seconds", start=wall0,
+                                         end=wall1 - 0.001)).series()
     rows = [(d.target, len(d.values), sum(1 for v in d.values if v == 0)) for d in ups]
     slowest = max((max(d.values) for d in durations if d.values), default=0.0)
     found = {target: n for target, n, _ in rows}

@@ -185,7 +185,7 @@ async def _end_to_end(
 ) -> EndToEnd:
     url = backend.new_database("tw_bench_e2e")
     store = CountingStore(url)
-    store.create_schema()
+    store.migrations.apply()
     now = [T0]
     collector = Collector(
         fleet_config(fleet, targets, url, models), store, clock=lambda: now[0]
@@ -265,7 +265,7 @@ async def _per_stage(
 ) -> Stages:
     url = backend.new_database("tw_bench_stages")
     store = CountingStore(url)
-    store.create_schema()
+    store.migrations.apply()
     config = fleet_config(fleet, targets, url, models)
     client = make_client()
     derivers = [Deriver(t.name) for t in config.targets]

@@ -29,7 +29,7 @@ def scrape_samples(n: int, tick: int) -> list[Sample]:
 
 
 def run(store: Store, *, series: int, scrapes: int, per_flush: int) -> float:
-    store.create_schema()
+    store.migrations.apply()
     t0 = 1_700_000_000.0
     store.write("triton-0:8002", t0, scrape_samples(series, 0))
     store.flush()  # creates the series: not part of the steady-state figure

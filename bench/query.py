@@ -5,10 +5,11 @@
 Per backend (SQLite in a temp file; a throwaway durable PostgreSQL 15):
 
 1. **Queries.**  50 series (``sli:request_rate`` of 50 models on one target) get 7 days of
-   15 s samples (40,320 each, 2.0 M rows) through ``Store.write``/``flush``; ``Store.rollup``
-   builds the 5 m and 1 h rollups.  Then each dashboard / report query below runs ``--repeat``
-   times (after one untimed run) and its p50 and max latency are printed; the same 7-day panel
-   read from raw samples (a step that is no multiple of 5 min) is timed for reference.
+   15 s samples (40,320 each, 2.0 M rows) through ``Store.write``/``flush``;
+   ``Store.maintenance.rollup`` builds the 5 m and 1 h rollups.  Then each dashboard / report
+   query below runs ``--repeat`` times (after one untimed run) and its p50 and max latency
+   are printed; the same 7-day panel read from raw samples (a step that is no multiple of
+   5 min) is timed for reference.
 2. **Maintenance does not stall ingestion.**  A ``Collector`` scrapes 4 simulated targets
    (``bench.common``, ~2,900 series each) every second, flushing every 5 s as ``serve`` does,
    first for a baseline period, then while the store's rollup and retention run in a worker
@@ -37,10 +38,11 @@ import numpy as np
 
 from bench.common import Fleet, simulated_fleet
 from bench.ingest import postgres_backend
+from tests.store_sql import raw_engine
 from tritonwatch.collector.jobs import Collector
 from tritonwatch.schemas.config import validate_config
 from tritonwatch.schemas.samples import Sample, make_labels
-from tritonwatch.store import Store
+from tritonwatch.store import Query, Store
 from tritonwatch.store.engine import transaction
 from tritonwatch.store.maintenance import WATERMARK_1H, WATERMARK_5M
 
@@ -123,23 +125,29 @@ def queries(store: Store, now: float, repeat: int) -> list[Timing]:
     week, day = now - 7 * DAY, now - DAY
     cases: list[tuple[str, str, Callable[[], Any]]] = [
         ("dashboard 7 d, 1 h avg", "rollups",
-         lambda: store.buckets(NAME, start=week, end=now, step=3600, agg="avg", target=TARGET)),
+         lambda: store.read(Query(NAME, start=week, end=now, step=3600, agg="avg",
+                                  target=TARGET)).series()),
         ("dashboard 7 d, 1 h max", "rollups",
-         lambda: store.buckets(NAME, start=week, end=now, step=3600, agg="max", target=TARGET)),
+         lambda: store.read(Query(NAME, start=week, end=now, step=3600, agg="max",
+                                  target=TARGET)).series()),
         ("dashboard 24 h, 5 m avg", "rollups",
-         lambda: store.buckets(NAME, start=day, end=now, step=300, agg="avg", target=TARGET)),
+         lambda: store.read(Query(NAME, start=day, end=now, step=300, agg="avg",
+                                  target=TARGET)).series()),
         ("report 7 d, 1 d avg", "rollups",
-         lambda: store.buckets(NAME, start=week, end=now, step=DAY, agg="avg", target=TARGET)),
+         lambda: store.read(Query(NAME, start=week, end=now, step=DAY, agg="avg",
+                                  target=TARGET)).series()),
         ("report 7 d, 1 d last", "rollups",
-         lambda: store.buckets(NAME, start=week, end=now, step=DAY, agg="last", target=TARGET)),
+         lambda: store.read(Query(NAME, start=week, end=now, step=DAY, agg="last",
+                                  target=TARGET)).series()),
         ("dashboard 7 d, 1 model", "rollups",
-         lambda: store.buckets(NAME, start=week, end=now, step=3600, agg="avg",
-                               match={"model": "model_07"})),
+         lambda: store.read(Query(NAME, start=week, end=now, step=3600, agg="avg",
+                                  match={"model": "model_07"})).series()),
         ("dashboard 30 d x 200, 1 h", "rollups",
-         lambda: store.buckets(NAME_30D, start=now - 30 * DAY, end=now, step=3600, agg="avg",
-                               target=TARGET_30D)),
+         lambda: store.read(Query(NAME_30D, start=now - 30 * DAY, end=now, step=3600, agg="avg",
+                                  target=TARGET_30D)).series()),
         ("REFERENCE 7 d from raw", "raw samples",
-         lambda: store.buckets(NAME, start=week, end=now, step=3599, agg="avg", target=TARGET)),
+         lambda: store.read(Query(NAME, start=week, end=now, step=3599, agg="avg",
+                                  target=TARGET)).series()),
     ]
     out = []
     for what, source, fn in cases:
@@ -236,7 +244,7 @@ async def ingest_during(store: Store, fleet: Fleet, targets: int, *, baseline_s:
 
 
 def reset_rollups(store: Store) -> None:
-    with transaction(store._engine, write=True) as conn:  # bench only: start rollups afresh
+    with transaction(raw_engine(store), write=True) as conn:  # bench only: start rollups afresh
         for table in ("rollups_5m", "rollups_1h"):
             conn.exec_driver_sql(f"DELETE FROM {table}")
         conn.exec_driver_sql(
@@ -260,11 +268,11 @@ def main() -> None:
         for backend in backends:
             with store_at(backend) as url:
                 store = Store(url)
-                store.create_schema()
+                store.migrations.apply()
                 rows, load_s = load(store, now)
                 rows_30d = load_30d(store, now)
                 t0 = time.perf_counter()
-                store.rollup(now)
+                store.maintenance.rollup(now)
                 roll_s = time.perf_counter() - t0
                 info = (f"loaded {rows:,} rows in {load_s:.1f} s (and {rows_30d:,} for the "
                         f"30-day panel); first rollup {roll_s:.1f} s")
@@ -272,9 +280,9 @@ def main() -> None:
                 reset_rollups(store)
 
                 def maintenance(store: Store = store) -> None:
-                    store.rollup(now)
-                    store.apply_retention(now, raw_s=2 * DAY, rollup_5m_s=90 * DAY,
-                                          rollup_1h_s=400 * DAY)
+                    store.maintenance.rollup(now)
+                    store.maintenance.apply_retention(now, raw_s=2 * DAY, rollup_5m_s=90 * DAY,
+                                                      rollup_1h_s=400 * DAY)
 
                 periods = asyncio.run(ingest_during(
                     store, fleet, args.targets, baseline_s=args.baseline,

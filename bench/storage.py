@@ -219,7 +219,7 @@ def _pg_written(url: str) -> int:
 def ingest(day: Day, url: str) -> float:
     """Writes the day as ``serve`` would; returns the seconds it took."""
     store = open_store(url)
-    store.create_schema()
+    store.migrations.apply()
     names = [k[0] for k in day.keys]
     labels = [make_labels(k[1]) for k in day.keys]
     t0 = time.perf_counter()
@@ -234,9 +234,9 @@ def ingest(day: Day, url: str) -> float:
                                 [labels[j] for j in cols], day.values[k, cols])
         store.flush()
         if ts_ms >= next_maint:
-            store.rollup(ts_ms / 1000)
+            store.maintenance.rollup(ts_ms / 1000)
             next_maint += 300_000
-    store.rollup(int(day.ts_ms[-1]) / 1000 + 3600)
+    store.maintenance.rollup(int(day.ts_ms[-1]) / 1000 + 3600)
     elapsed = time.perf_counter() - t0
     store.close()
     return elapsed

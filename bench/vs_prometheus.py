@@ -51,7 +51,7 @@ from bench.common import (
 from bench.ingest import postgres_backend
 from tests.fixtures_pg import _free_port
 from tritonwatch.schemas.config import StoreConfig
-from tritonwatch.store import open_store
+from tritonwatch.store import Query, open_store
 
 PROMETHEUS = "/usr/bin/prometheus"
 
@@ -196,7 +196,7 @@ def run_tritonwatch(fleet: Fleet, targets: int, interval: float, warmup: float, 
             raise RuntimeError(f"tritonwatch serve exited {proc.returncode}: {tail}")
         # After the final flush: every scrape of the window is stored by now.
         with open_store(url) as store:
-            ups = store.range("up", start=wall0, end=wall1)
+            ups = store.read(Query("up", start=wall0, end=wall1)).series()
         scrapes = sum(
             sum(1 for v in d.values if v == 1) for d in ups if d.target.startswith("triton-")
         )

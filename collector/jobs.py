@@ -430,14 +430,14 @@ class Collector:
 
     async def maintain(self) -> None:
         """Rollups, then retention; both run in a worker thread and in bounded batches, and
-        stop at a batch boundary once shutdown has begun (``Store.request_stop``)."""
+        stop at a batch boundary once shutdown has begun (``Store.maintenance.request_stop``)."""
         now = self.clock()
         retention = self.config.store.retention
-        await asyncio.to_thread(self.store.rollup, now)
-        if self.store.stopping:
+        await asyncio.to_thread(self.store.maintenance.rollup, now)
+        if self.store.maintenance.stopping:
             return  # shutting down: retention waits for the next start
         await asyncio.to_thread(
-            self.store.apply_retention, now, raw_s=retention.raw,
+            self.store.maintenance.apply_retention, now, raw_s=retention.raw,
             rollup_5m_s=retention.rollup_5m, rollup_1h_s=retention.rollup_1h,
         )
 

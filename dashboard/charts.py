@@ -13,7 +13,8 @@ from typing import Any
 import altair as alt
 import pandas as pd
 
-from tritonwatch.dashboard.loaders import Marker
+from tritonwatch.dashboard.loaders import utc_text
+from tritonwatch.dashboard.model_loaders import Marker
 
 HEIGHT = 220
 
@@ -93,3 +94,8 @@ def bar_chart(df: pd.DataFrame, x: str, y: str, *, x_title: str, y_title: str,
         y=alt.Y(f"{y}:Q", title=y_title), color=color,
         tooltip=[alt.Tooltip(f"{x}:O", title=x_title), alt.Tooltip(f"{y}:Q", title=y_title)],
     ).properties(height=HEIGHT)
+
+
+def marker_rows(markers: Sequence[Marker]) -> list[dict[str, str]]:
+    """Deploy markers as table rows (the model and LLM pages list them under their charts)."""
+    return [{"time (UTC)": utc_text(m.ts), "what": m.kind, "detail": m.detail} for m in markers]

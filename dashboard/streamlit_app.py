@@ -13,7 +13,7 @@ from datetime import UTC, date, datetime, time, timedelta
 
 import streamlit as st
 
-from tritonwatch.dashboard import loaders
+from tritonwatch.dashboard import loaders, slo_loaders
 from tritonwatch.dashboard.state import KEY, Selection
 from tritonwatch.store import StoreError
 
@@ -73,7 +73,7 @@ def sidebar() -> Selection | None:
                    "created the store?")
         return None
     try:
-        loaders.slo_specs(settings.rules_file)
+        slo_loaders.slo_specs(settings.rules_file)
     except loaders.DashboardError as exc:
         st.error("The rules file is invalid.")
         st.text(str(exc))

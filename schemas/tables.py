@@ -5,7 +5,7 @@ All timestamps are BIGINT **milliseconds** since the epoch: integers index and c
 resolution Prometheus itself keeps.
 
 Other packages add their tables (alert states, probe results, reports...) to the same
-:data:`metadata`, so that ``Store.create_schema()`` creates everything in one call.  Bump
+:data:`metadata`, so that ``Store.migrations.apply()`` creates everything in one call.  Bump
 :data:`SCHEMA_VERSION` when an existing table changes shape.
 """
 
@@ -29,7 +29,7 @@ from sqlalchemy import (
     event,
 )
 
-#: 2: ``samples`` (one row per sample) replaced by ``sample_chunks``; ``Store.create_schema``
+#: 2: ``samples`` (one row per sample) replaced by ``sample_chunks``; ``Store.migrations.apply``
 #: converts a version 1 database.
 #: 3: flushes append to ``sample_log``, which readers merge (an older tritonwatch would not).
 #: 4: compaction compresses ``sample_chunks.data`` (``store.chunks``), which an older

@@ -1,7 +1,7 @@
 """Alert persistence: the engine's per-instance state and the alert history.
 
 ``AlertStore`` works on the same database as a :class:`~store.Store` (it borrows the store's
-SQLAlchemy engine), so ``Store.create_schema()`` has already created its two tables
+SQLAlchemy engine), so ``Store.migrations.apply()`` has already created its two tables
 (``schemas.tables.alert_states`` and ``alert_events``).
 
 * ``save()`` writes one evaluation's outcome — changed states, states that are gone, and the
@@ -30,7 +30,7 @@ from tritonwatch.schemas.samples import Labels, labels_json, make_labels
 from tritonwatch.schemas.untrusted import db_text
 from tritonwatch.store.engine import transaction
 from tritonwatch.store.errors import StoreError, db_errors
-from tritonwatch.store.store import Store
+from tritonwatch.store.store import Store, engine_of
 from tritonwatch.store.write import dialect_insert
 
 _STATUSES = frozenset({"pending", "firing", "resolved"})
@@ -66,7 +66,7 @@ class AlertStore:
 
     def __init__(self, store: Store) -> None:
         self._store = store
-        self._engine = store.sql_engine
+        self._engine = engine_of(store)
 
     # --- states ------------------------------------------------------------------------------
 

@@ -66,8 +66,8 @@ F64 = npt.NDArray[np.float64]
 
 _LE_I64 = np.dtype("<i8")
 _LE_F64 = np.dtype("<f8")
-_I64_MIN = int(np.iinfo(np.int64).min)
-_I64_MAX = int(np.iinfo(np.int64).max)
+I64_MIN = int(np.iinfo(np.int64).min)
+I64_MAX = int(np.iinfo(np.int64).max)
 
 #: Format byte of a compressed chunk (see the module docstring).
 FORMAT_PCO = 1
@@ -293,8 +293,8 @@ def merge(
     ns: I64,
     blobs: list[bytes],
     *,
-    lo_ms: int = _I64_MIN,
-    hi_ms: int = _I64_MAX,
+    lo_ms: int = I64_MIN,
+    hi_ms: int = I64_MAX,
 ) -> Merged:
     """Decode chunks (given as parallel columns, in any order) into their samples in
     ``[lo_ms, hi_ms]``, keeping the last write of each ``(id, ts)`` (see the module docstring).

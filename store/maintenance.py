@@ -1,6 +1,6 @@
-"""Rollups, retention, and the ``meta`` key/value helpers they use.
+"""Rollups, compaction, and the ``meta`` key/value helpers they and retention use.
 
-Both jobs commit in bounded steps so that a SQLite writer (one at a time) never waits long
+The jobs commit in bounded steps so that a SQLite writer (one at a time) never waits long
 behind them, and so that an interrupted run resumes where it stopped.
 
 Raw samples are stored as per-series chunks (``store.chunks``): rollups decode and aggregate
@@ -19,7 +19,7 @@ delete are never summarised again (the ``*_horizon_ms`` keys): a partial bucket 
 a complete rollup row.
 
 Stopping.  Every function here takes ``stop``, a callable asked between batches (the store's
-shutdown flag, ``Store.request_stop``): once it answers True the run ends at that batch
+shutdown flag, ``Store.maintenance.request_stop``): once it answers True the run ends at that batch
 boundary.  What was committed stays, the batch in progress is rolled back, and the next run
 resumes from the watermarks, exactly as after a crash; so shutdown never waits for a run over
 a large store (1.38 M series took a shutdown 36 s) and nothing is left half done.
@@ -40,15 +40,21 @@ from sqlalchemy import (
     Table,
     case,
     delete,
-    exists,
     func,
     or_,
     select,
-    tuple_,
 )
 
 from tritonwatch.schemas import tables as t
-from tritonwatch.store.chunks import MAX_SAMPLES, WINDOW_MS, compress, encode, window_start
+from tritonwatch.store.chunks import (
+    I64_MAX,
+    I64_MIN,
+    MAX_SAMPLES,
+    WINDOW_MS,
+    compress,
+    encode,
+    window_start,
+)
 from tritonwatch.store.engine import transaction
 from tritonwatch.store.query import ROLLUP_1H_MS, ROLLUP_5M_MS, aggregate, merge_rows, raw_samples
 from tritonwatch.store.write import PG_LOCK_ROLLUP, dialect_insert, insert_chunks
@@ -73,7 +79,7 @@ _CHUNK_5M_MS = 6 * ROLLUP_1H_MS
 _CHUNK_1H_MS = 7 * 24 * ROLLUP_1H_MS
 
 # Series ids per retention statement (bind parameters), rows per delete transaction default.
-_ID_BATCH = 500
+ID_BATCH = 500
 
 # Serialises rollups, compaction and chunk retention of concurrent processes (flushes take it
 # shared); defined beside the flush that takes it.
@@ -97,7 +103,7 @@ Gate = AbstractContextManager[Any]
 Stop = Callable[[], bool]
 
 
-def _never() -> bool:
+def never() -> bool:
     return False
 
 
@@ -139,11 +145,11 @@ def _floor(ms: int, res: int) -> int:
     return ms // res * res
 
 
-def _ceil(ms: int, res: int) -> int:
+def ceil_ms(ms: int, res: int) -> int:
     return -(-ms // res) * res
 
 
-def _int_meta(conn: Connection, key: str) -> int | None:
+def int_meta(conn: Connection, key: str) -> int | None:
     value = get_meta(conn, key)
     return None if value is None else int(value)
 
@@ -174,18 +180,18 @@ def rewind_watermarks(conn: Connection, oldest_ms: int) -> int | None:
     if compacted is not None and oldest_ms < compacted:
         # Into a window compaction has done (or is doing): it must do that window again.
         window = window_start(oldest_ms)
-        rewind = _int_meta(conn, COMPACT_REWIND)
+        rewind = int_meta(conn, COMPACT_REWIND)
         if rewind is None or window < rewind:
             set_meta(conn, COMPACT_REWIND, str(window))
     wm_5m = marks.get(WATERMARK_5M)
     if wm_5m is None or oldest_ms >= wm_5m:
         return None  # no rollup yet (the first one starts at the oldest sample), or not late
-    target = max(_floor(oldest_ms, ROLLUP_5M_MS), _int_meta(conn, HORIZON_RAW) or 0)
+    target = max(_floor(oldest_ms, ROLLUP_5M_MS), int_meta(conn, HORIZON_RAW) or 0)
     if target >= wm_5m:
         return None  # older than raw retention: those buckets are never summarised again
     set_meta(conn, WATERMARK_5M, str(target))
-    wm_1h = _int_meta(conn, WATERMARK_1H)
-    target_1h = max(_floor(target, ROLLUP_1H_MS), _int_meta(conn, HORIZON_5M) or 0)
+    wm_1h = int_meta(conn, WATERMARK_1H)
+    target_1h = max(_floor(target, ROLLUP_1H_MS), int_meta(conn, HORIZON_5M) or 0)
     if wm_1h is not None and target_1h < wm_1h:
         set_meta(conn, WATERMARK_1H, str(target_1h))
     log.info(
@@ -230,7 +236,7 @@ def _upsert(stmt: Any, dst: Table) -> Any:
     )
 
 
-def _series_ids(conn: Connection) -> npt.NDArray[np.int64]:
+def series_ids(conn: Connection) -> npt.NDArray[np.int64]:
     # An array, not a list: at 1,000 targets it is 566k ids, and as Python ints spread over
     # the heap (20 MB) they left it fragmented after every maintenance run.
     ids = conn.execute(select(t.series.c.id).order_by(t.series.c.id)).scalars()
@@ -238,18 +244,18 @@ def _series_ids(conn: Connection) -> npt.NDArray[np.int64]:
 
 
 def _rollup_raw(
-    conn: Connection, dst: Table, *, lo: int, hi: int, res: int, stop: Stop = _never
+    conn: Connection, dst: Table, *, lo: int, hi: int, res: int, stop: Stop = never
 ) -> int:
     # Rollup rows from raw samples: decoded and aggregated in numpy, a batch of series at a
     # time (index range scans of the chunks, bounded memory).  One step covers every series,
     # thousands of batches in a large store: ``stop`` is asked between them, and rolls the
     # step back (its watermark with it) when it answers True.
     written = 0
-    ids = _series_ids(conn)
-    for i in range(0, len(ids), _ID_BATCH):
+    ids = series_ids(conn)
+    for i in range(0, len(ids), ID_BATCH):
         if stop():
             raise Stopped
-        batch = ids[i : i + _ID_BATCH].tolist()
+        batch = ids[i : i + ID_BATCH].tolist()
         a = aggregate(raw_samples(conn, batch, lo_ms=lo, hi_ms=hi - 1), res)
         # +Inf and -Inf in one bucket sum to NaN, which SQLite stores as NULL and the NOT NULL
         # column refuses: one such series would stop every later rollup at that bucket.  Its
@@ -307,7 +313,7 @@ def _roll(
             else:
                 lo = int(stored)
             # Never summarise a bucket whose source rows retention has begun to delete.
-            lo = max(lo, _int_meta(conn, horizon_key) or 0)
+            lo = max(lo, int_meta(conn, horizon_key) or 0)
             if lo >= top:
                 return written
             step_hi = min(top, lo + chunk)
@@ -322,7 +328,7 @@ def _roll(
 
 
 def rollup(
-    engine: Engine, *, now_ms: int, gate: Gate | None = None, stop: Stop = _never
+    engine: Engine, *, now_ms: int, gate: Gate | None = None, stop: Stop = never
 ) -> int:
     """Summarise completed 5 m buckets from raw samples, then completed hours from 5 m rows.
 
@@ -336,38 +342,23 @@ def rollup(
     def hi_1h(conn: Connection) -> int | None:
         # An hour is complete once all twelve of its 5 m buckets are.  Read in the rolling
         # transaction: a late flush may have moved the 5 m watermark back meanwhile.
-        wm_5m = _int_meta(conn, WATERMARK_5M)
+        wm_5m = int_meta(conn, WATERMARK_5M)
         return None if wm_5m is None else _floor(wm_5m, ROLLUP_1H_MS)
 
-    written = _roll(
-        engine,
-        src=t.sample_chunks,
-        dst=t.rollups_5m,
-        res=ROLLUP_5M_MS,
-        key=WATERMARK_5M,
-        horizon_key=HORIZON_RAW,
-        hi=lambda _conn: hi_5m,
-        chunk=_CHUNK_5M_MS,
-        gate=gate,
-        stop=stop,
-    )
-    written += _roll(
-        engine,
-        src=t.rollups_5m,
-        dst=t.rollups_1h,
-        res=ROLLUP_1H_MS,
-        key=WATERMARK_1H,
-        horizon_key=HORIZON_5M,
-        hi=hi_1h,
-        chunk=_CHUNK_1H_MS,
-        gate=gate,
-        stop=stop,
-    )
+    written = 0
+    for src, dst, res, key, horizon_key, hi, chunk in (
+        (t.sample_chunks, t.rollups_5m, ROLLUP_5M_MS, WATERMARK_5M, HORIZON_RAW,
+         lambda _conn: hi_5m, _CHUNK_5M_MS),
+        (t.rollups_5m, t.rollups_1h, ROLLUP_1H_MS, WATERMARK_1H, HORIZON_5M, hi_1h,
+         _CHUNK_1H_MS),
+    ):
+        written += _roll(engine, src=src, dst=dst, res=res, key=key, horizon_key=horizon_key,
+                         hi=hi, chunk=chunk, gate=gate, stop=stop)
     return written
 
 
 def compact(
-    engine: Engine, *, now_ms: int, gate: Gate | None = None, stop: Stop = _never
+    engine: Engine, *, now_ms: int, gate: Gate | None = None, stop: Stop = never
 ) -> int:
     """Merge the chunks of each series in every window (``store.chunks.WINDOW_MS``) that ended
     :data:`COMPACT_AFTER_MS` ago; returns the number of chunks removed.
@@ -415,7 +406,7 @@ def compact(
             set_meta(conn, COMPACT_WATERMARK, str(window + WINDOW_MS))
             set_meta(conn, COMPACT_BUSY, str(window))
             # Read again for every window: the late flush that marked it may have created series.
-            ids = _series_ids(conn)
+            ids = series_ids(conn)
         for i in range(0, len(ids), _COMPACT_IDS):
             if stop():
                 raise Stopped
@@ -424,7 +415,7 @@ def compact(
                 removed += _compact_window(conn, ids[i : i + _COMPACT_IDS].tolist(), window)
         with gate, transaction(engine, write=True) as conn:
             advisory_lock(conn, _PG_LOCK_ROLLUP)
-            if _int_meta(conn, COMPACT_BUSY) == window:
+            if int_meta(conn, COMPACT_BUSY) == window:
                 conn.execute(delete(t.meta).where(t.meta.c.key == COMPACT_BUSY))
         log.debug("store: compacted the chunks of the window at %d ms", window)
 
@@ -448,175 +439,8 @@ def _compact_window(conn: Connection, ids: list[int], window: int) -> int:
     top_seq: dict[int, int] = {}
     for sid, _, seq, _, _ in rows:
         top_seq[sid] = max(seq, top_seq.get(sid, seq))
-    m = merge_rows(rows, lo_ms=_I64_MIN, hi_ms=_I64_MAX)
+    m = merge_rows(rows, lo_ms=I64_MIN, hi_ms=I64_MAX)
     conn.execute(delete(t.sample_chunks).where(*where))
     merged = compress(encode(m.ids, m.ts, m.values, max_samples=MAX_SAMPLES))
     insert_chunks(conn, merged, np.array([top_seq[s] for s in merged.ids.tolist()], np.int64))
     return len(rows) - len(merged)
-
-
-def _delete_before(
-    engine: Engine, table: Table, cutoff_ms: int, *, batch_rows: int, gate: Gate, stop: Stop
-) -> int:
-    """Delete rows with ``ts < cutoff_ms``, at most ``batch_rows`` per transaction.
-
-    Walks the series ids so that every statement is a range scan of the primary key
-    ``(series_id, ts)``: no index on ``ts`` alone is needed, which would cost every insert.
-    """
-    with transaction(engine, write=False) as conn:
-        ids = _series_ids(conn)
-    c = table.c
-    deleted = 0
-    for i in range(0, len(ids), _ID_BATCH):
-        chunk = ids[i : i + _ID_BATCH].tolist()
-        while True:
-            if stop():
-                raise Stopped
-            victims = (
-                select(c.series_id, c.ts)
-                .where(c.series_id.in_(chunk), c.ts < cutoff_ms)
-                .limit(batch_rows)
-            )
-            with gate, transaction(engine, write=True) as conn:
-                result = conn.execute(delete(table).where(tuple_(c.series_id, c.ts).in_(victims)))
-            count = max(result.rowcount, 0)
-            deleted += count
-            if count < batch_rows:
-                break
-    return deleted
-
-
-def _delete_chunks_before(
-    engine: Engine, cutoff_ms: int, *, batch_rows: int, gate: Gate, stop: Stop
-) -> int:
-    """Delete raw samples with ``ts < cutoff_ms``; returns how many.
-
-    Walks the series ids so that every statement is a range scan of the primary key, and
-    deletes at most ``batch_rows`` chunks per transaction.  A chunk wholly before the cutoff
-    is deleted; one straddling it is then rewritten with its samples from the cutoff on (same
-    ``seq``, so it keeps its place in write order).  Under the rollup lock, so that a
-    compaction never writes back samples deleted here.
-    """
-    with transaction(engine, write=False) as conn:
-        ids = _series_ids(conn)
-    c = t.sample_chunks.c
-    key = tuple_(c.series_id, c.start_ms, c.seq)
-    deleted = 0
-    for i in range(0, len(ids), _ID_BATCH):
-        batch = ids[i : i + _ID_BATCH].tolist()
-        old = (c.series_id.in_(batch), c.start_ms < cutoff_ms)
-        while True:
-            if stop():
-                raise Stopped
-            victims = select(c.series_id, c.start_ms, c.seq).where(*old, c.end_ms < cutoff_ms)
-            with gate, transaction(engine, write=True) as conn:
-                advisory_lock(conn, _PG_LOCK_ROLLUP)
-                stmt = delete(t.sample_chunks).where(key.in_(victims.limit(batch_rows)))
-                counts = conn.execute(stmt.returning(t.sample_chunks.c.n)).scalars().all()
-            deleted += sum(counts)
-            if len(counts) < batch_rows:
-                break
-        while True:
-            if stop():
-                raise Stopped
-            with gate, transaction(engine, write=True) as conn:
-                advisory_lock(conn, _PG_LOCK_ROLLUP)
-                rows = conn.execute(
-                    select(c.series_id, c.start_ms, c.seq, c.n, c.data)
-                    .where(*old, c.end_ms >= cutoff_ms)
-                    .limit(_CUT_BATCH)
-                ).all()
-                if rows:
-                    conn.execute(
-                        delete(t.sample_chunks).where(key.in_([tuple(r[:3]) for r in rows]))
-                    )
-                for sid, start, seq, n, data in rows:
-                    # Chunk by chunk: merging them would change what each one stores.
-                    m = merge_rows([(sid, start, seq, n, data)], lo_ms=cutoff_ms, hi_ms=_I64_MAX)
-                    deleted += n - len(m)
-                    insert_chunks(conn, compress(encode(m.ids, m.ts, m.values)), seq)
-            if len(rows) < _CUT_BATCH:
-                break
-    return deleted
-
-
-# Straddling chunks rewritten per transaction (3 bound parameters each).
-_CUT_BATCH = 1000
-_I64_MIN = int(np.iinfo(np.int64).min)
-_I64_MAX = int(np.iinfo(np.int64).max)
-
-
-def delete_empty_series(engine: Engine, *, resolved_before_ms: int) -> int:
-    """Delete series holding no data that no writer has resolved since ``resolved_before_ms``.
-
-    The ``resolved_at`` guard closes the race with a writer that has just looked up (or
-    created) a series and is about to insert its first samples: that lookup refreshed
-    ``resolved_at``, so the series is not deleted under it.  Series of a (target, name) with
-    rows in the log are all kept: which series a row holds is inside its data.
-    """
-    s = t.series
-    empty = [
-        ~exists().where(table.c.series_id == s.c.id)
-        for table in (t.sample_chunks, t.rollups_5m, t.rollups_1h)
-    ]
-    logged = t.sample_log.c
-    empty.append(~exists().where(logged.target == s.c.target, logged.name == s.c.name))
-    with transaction(engine, write=True) as conn:
-        result = conn.execute(delete(s).where(s.c.resolved_at < resolved_before_ms, *empty))
-    return max(result.rowcount, 0)
-
-
-def apply_retention(
-    engine: Engine,
-    *,
-    now_ms: int,
-    raw_ms: int,
-    rollup_5m_ms: int,
-    rollup_1h_ms: int,
-    batch_rows: int,
-    gate: Gate | None = None,
-    stop: Stop = _never,
-) -> int:
-    """Delete samples, rollup rows and health transitions past their retention.
-
-    Returns the sample and rollup rows deleted.  Empty series are left to
-    :func:`delete_empty_series`, which the caller runs under its flush lock.
-
-    Raw samples are kept until the 5 m rollup has summarised them, and 5 m rows until the 1 h
-    rollup has, whatever their age: a stalled rollup job delays retention instead of losing
-    history.  Raises :class:`Stopped` when ``stop`` ends it (the next run deletes the rest).
-    """
-    gate = gate or nullcontext()
-    # Under the rollup lock, before anything is deleted: the watermarks cannot move meanwhile,
-    # and no rollup (nor a late flush moving a watermark back) reaches below the horizons
-    # once the rows under them start to go.
-    with gate, transaction(engine, write=True) as conn:
-        advisory_lock(conn, _PG_LOCK_ROLLUP)
-        marks = watermarks(conn)
-        raw_cutoff = min(now_ms - raw_ms, marks.get(ROLLUP_5M_MS, 0))
-        cutoff_5m = min(now_ms - rollup_5m_ms, marks.get(ROLLUP_1H_MS, 0))
-        for key, cutoff, res in (
-            (HORIZON_RAW, raw_cutoff, ROLLUP_5M_MS),
-            (HORIZON_5M, cutoff_5m, ROLLUP_1H_MS),
-        ):
-            # The bucket holding the cutoff loses some rows: it is behind the horizon too.
-            horizon = _ceil(cutoff, res)
-            if horizon > (_int_meta(conn, key) or 0):
-                set_meta(conn, key, str(horizon))
-    if raw_cutoff < now_ms - raw_ms:
-        log.info("retention: raw samples kept until rolled up (5 m watermark %s)", raw_cutoff)
-    deleted = _delete_chunks_before(
-        engine, raw_cutoff, batch_rows=batch_rows, gate=gate, stop=stop
-    )
-    deleted += _delete_before(
-        engine, t.rollups_5m, cutoff_5m, batch_rows=batch_rows, gate=gate, stop=stop
-    )
-    deleted += _delete_before(
-        engine, t.rollups_1h, now_ms - rollup_1h_ms, batch_rows=batch_rows, gate=gate,
-        stop=stop,
-    )
-    with transaction(engine, write=True) as conn:
-        # Transitions are tiny; keep them as long as the longest-lived data.
-        log_ts = t.target_health_log.c.ts
-        conn.execute(delete(t.target_health_log).where(log_ts < now_ms - rollup_1h_ms))
-    return deleted

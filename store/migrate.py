@@ -1,4 +1,4 @@
-"""Schema migrations run by ``Store.create_schema``.
+"""``Migrations`` (``Store.migrations``): create the schema, upgrade an older one in place.
 
 Version 1 -> 2: raw samples moved from ``samples`` (one row per sample, keyed ``(series_id,
 ts)``) to ``sample_chunks`` (see ``store.chunks``).  The rows are moved in key order, a bounded
@@ -19,6 +19,7 @@ chunks, off the upgraded database.
 from __future__ import annotations
 
 import logging
+from contextlib import AbstractContextManager
 
 import numpy as np
 from sqlalchemy import Connection, Engine, func, inspect, select, text
@@ -26,10 +27,14 @@ from sqlalchemy import Connection, Engine, func, inspect, select, text
 from tritonwatch.schemas import tables as t
 from tritonwatch.store.chunks import MAX_SAMPLES, encode, window_start
 from tritonwatch.store.engine import transaction
+from tritonwatch.store.errors import StoreError, db_errors
 from tritonwatch.store.maintenance import COMPACT_REWIND, advisory_lock, get_meta, set_meta
 from tritonwatch.store.write import insert_chunks
 
 log = logging.getLogger(__name__)
+
+# Arbitrary constant key for pg_advisory_xact_lock around schema creation.
+PG_LOCK_SCHEMA = 0x7477_0000
 
 LEGACY_SAMPLES = "samples"
 
@@ -101,3 +106,52 @@ def recompress_chunks(conn: Connection) -> int | None:
     log.info("store: schema upgrade: raw sample chunks from %d ms on will be compressed by "
              "maintenance", window)
     return window
+
+
+class Migrations:
+    """The schema of one store's database: created, or upgraded in place."""
+
+    def __init__(self, engine: Engine, url_redacted: str) -> None:
+        self._engine = engine
+        self._url = url_redacted
+
+    def _db(self, action: str) -> AbstractContextManager[None]:
+        return db_errors(action, self._url)
+
+    def apply(self) -> None:
+        """Create missing tables (idempotent, safe from several processes at once).
+
+        A database of an older schema is upgraded in place: raw samples of version 1 (a
+        ``samples`` row per sample) are moved into chunks in bounded transactions, which
+        resume where they stopped if interrupted (the module docstring).  A database of a
+        newer schema is refused (StoreError).
+        """
+        with self._db("create schema"):
+            with transaction(self._engine, write=True) as conn:
+                # Two processes starting at once would race to CREATE the same tables.
+                advisory_lock(conn, PG_LOCK_SCHEMA)
+                t.metadata.create_all(conn)
+                stored = get_meta(conn, "schema_version")
+                if stored is None:
+                    set_meta(conn, "schema_version", str(t.SCHEMA_VERSION))
+                elif int(stored) > t.SCHEMA_VERSION:
+                    raise StoreError(
+                        f"{self._url}: schema version {stored} is newer than this "
+                        f"tritonwatch understands ({t.SCHEMA_VERSION}); upgrade tritonwatch",
+                        url=self._url,
+                    )
+            if stored is not None and int(stored) < t.SCHEMA_VERSION:
+                log.info(
+                    "store: upgrading %s from schema version %s to %d",
+                    self._url, stored, t.SCHEMA_VERSION,
+                )
+            if has_legacy_samples(self._engine):
+                samples_to_chunks(self._engine, lock_key=PG_LOCK_SCHEMA)
+            if stored is not None and int(stored) < t.SCHEMA_VERSION:
+                with transaction(self._engine, write=True) as conn:
+                    advisory_lock(conn, PG_LOCK_SCHEMA)
+                    if int(stored) < 4:
+                        # Under the lock, with the bump: a second process upgrading at once
+                        # finds version 4 and marks nothing twice (harmless anyway).
+                        recompress_chunks(conn)
+                    set_meta(conn, "schema_version", str(t.SCHEMA_VERSION))

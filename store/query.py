@@ -106,31 +106,6 @@ def find_series(
     return found
 
 
-def series_page(
-    conn: Connection,
-    *,
-    name: str | None,
-    target: str | None,
-    after: SeriesKey | None,
-    limit: int,
-) -> list[SeriesKey]:
-    """Up to ``limit`` series with this name/target, ordered by target, name and stored label
-    text, starting after ``after``: one page of the catalogue, read with ``LIMIT`` (keyset
-    paging on the unique index, so a later page costs no more than the first)."""
-    c = t.series.c
-    query = select(c.target, c.name, c.labels)
-    if name is not None:
-        query = query.where(c.name == name)
-    if target is not None:
-        query = query.where(c.target == target)
-    if after is not None:
-        query = query.where(tuple_(c.target, c.name, c.labels)
-                            > tuple_(literal(after.target), literal(after.name),
-                                     literal(labels_json(after.labels))))
-    query = query.order_by(c.target, c.name, c.labels).limit(limit)
-    return [SeriesKey(r.target, r.name, parse_labels(r.labels)) for r in conn.execute(query)]
-
-
 def select_page(
     conn: Connection,
     *,
@@ -143,7 +118,9 @@ def select_page(
     max_samples: int | None = None,
 ) -> list[SeriesKey]:
     """Up to ``limit`` (None: all) series after ``after`` that pass ``where`` and, with
-    ``window`` ``(lo_ms, hi_ms)``, hold a sample in it; in :func:`series_page`'s order.
+    ``window`` ``(lo_ms, hi_ms)``, hold a sample in it; ordered by target, name and stored
+    label text (keyset paging on the unique index, so a later page costs no more than the
+    first).
 
     The catalogue is read :data:`SCAN_BATCH` rows at a time (keyset paging), so a selective
     filter never holds the whole catalogue in memory.  A window reads the samples of each

@@ -17,7 +17,7 @@ from sqlalchemy import select
 from tritonwatch.schemas import tables as t
 from tritonwatch.store.engine import transaction
 from tritonwatch.store.errors import db_errors
-from tritonwatch.store.store import Store
+from tritonwatch.store.store import Store, engine_of
 from tritonwatch.store.write import dialect_insert
 
 Format = Literal["json", "html", "md"]
@@ -49,7 +49,7 @@ class PendingDelivery(NamedTuple):
 class ReportStore:
     def __init__(self, store: Store) -> None:
         self._store = store
-        self._engine = store.sql_engine
+        self._engine = engine_of(store)
 
     def _values(self, week: str, config_key: str, timezone: str, start: float, end: float,
                 created_at: float, summary: dict[str, Any],

@@ -41,7 +41,8 @@ from tritonwatch.schemas.config import DEFAULT_DATA_DIR
 from tritonwatch.schemas.samples import Labels, TargetHealth
 from tritonwatch.store.engine import parse_url
 from tritonwatch.store.errors import StoreError
-from tritonwatch.store.store import BufferedScrape, Pending, Store
+from tritonwatch.store.flush import BufferedScrape
+from tritonwatch.store.store import Pending, Store
 
 log = logging.getLogger(__name__)
 

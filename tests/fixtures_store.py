@@ -20,7 +20,7 @@ from tritonwatch.store import Store, open_store
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[Store]:
     s = open_store(f"sqlite:///{tmp_path}/tw.db")
-    s.create_schema()
+    s.migrations.apply()
     yield s
     s.close()
 
@@ -41,7 +41,7 @@ def make_store(store_url: str) -> Iterator[Callable[..., Store]]:
 
     def make(**kwargs: Any) -> Store:
         s = open_store(store_url, **kwargs)
-        s.create_schema()
+        s.migrations.apply()
         opened.append(s)
         return s
 

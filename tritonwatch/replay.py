@@ -374,7 +374,7 @@ def replay(
         store = open_store(f"sqlite:///{tmp}/replay.db", batch_rows=1_000_000,
                            scratch=scratch)
         try:
-            store.create_schema()
+            store.migrations.apply()
             for model, raw in recording.configs.items():
                 store.put_model_config(target, model, raw, start)
             engine = Engine(

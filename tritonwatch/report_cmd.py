@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     out_dir = Path(args.out) if args.out else config.reports.out_dir
     try:
         with open_store(config.store.url) as store:
-            store.create_schema()
+            store.migrations.apply()
             produced = produce(store, config, week, specs=specs, replace=True,
                                out_dir=out_dir, formats=args.format or config.reports.formats)
     except (StoreError, OSError) as exc:

@@ -102,7 +102,7 @@ def prepare_store(config: Config) -> Store:
     store = open_store(url, batch_rows=config.store.batch_samples, timeout_s=STORE_TIMEOUT_S,
                        statement_timeout_s=config.store.statement_timeout)
     try:
-        store.create_schema()
+        store.migrations.apply()
         # Before the first scrape: what the last shutdown could not write goes in first.
         spill.reingest(store, spill_dir(config))
     except BaseException:
@@ -227,7 +227,7 @@ async def _serve(
                 # Start nothing new, let running jobs (a scrape, a probe run, an evaluation in
                 # its worker thread) finish, then stop: cancelling them mid-way would lose their
                 # results and could close the store under an evaluation still writing to it.
-                store.request_stop()  # a maintenance run ends at its next batch
+                store.maintenance.request_stop()  # a maintenance run ends at its next batch
                 scheduler.pause()
                 if not await drain.wait(JOB_DRAIN_TIMEOUT_S):
                     # Stuck on a database that stopped answering: cut their connections, so

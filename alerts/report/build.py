@@ -43,6 +43,7 @@ from tritonwatch.alerts.stats import compare, load_comparable, relative_change
 from tritonwatch.schemas.alerts import AlertEvent
 from tritonwatch.schemas.rules import AvailabilitySli, QueueTimeSli, SloSpec
 from tritonwatch.schemas.samples import Labels, label_value
+from tritonwatch.store import Query
 from tritonwatch.store.alerts import AlertStore
 
 if TYPE_CHECKING:
@@ -88,8 +89,8 @@ def _step(week: Week) -> float:
 def _hourly(store: Store, name: str, week: Week, agg: Agg = "avg") -> Hourly:
     step = _step(week)
     out: Hourly = {}
-    for s in store.buckets(name, start=week.start, end=week.end - 0.001, step=step,
-                           agg=agg):
+    for s in store.read(Query(name, start=week.start, end=week.end - 0.001, step=step,
+                              agg=agg)).series():
         pts = {ts: v for ts, v in zip(s.ts, s.values, strict=True)
                if week.start <= ts < week.end and math.isfinite(v)}
         if pts:
@@ -145,7 +146,8 @@ def completeness(store: Store, config: Config, week: Week,
     until = week.end if now is None else max(week.start, min(week.end, now))
     intervals = {t.name: config.interval_for(t) for t in config.targets}
     stored: dict[str, float] = defaultdict(float)
-    for s in store.buckets("up", start=week.start, end=week.end - 0.001, step=300.0, agg="sum"):
+    for s in store.read(Query("up", start=week.start, end=week.end - 0.001, step=300.0,
+                              agg="sum")).series():
         stored[s.target] += math.fsum(v for ts, v in zip(s.ts, s.values, strict=True)
                                       if week.start <= ts < week.end)
     out = []

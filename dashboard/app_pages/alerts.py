@@ -3,16 +3,18 @@ annotations; filters by severity, model and rule (and the sidebar's target and m
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pandas as pd
 import streamlit as st
 
-from tritonwatch.dashboard import loaders
+from tritonwatch.dashboard import loaders, slo_loaders
 from tritonwatch.dashboard.state import current
 
 sel = current()
 st.header("Alerts")
-states = loaders.alert_states(sel.url)
-events = loaders.alert_events(sel.url, sel.start, sel.end)
+states = slo_loaders.alert_states(sel.url)
+events = slo_loaders.alert_events(sel.url, sel.start, sel.end)
 
 
 def _row(labels: dict[str, str], annotations: dict[str, str]) -> dict[str, str]:
@@ -75,20 +77,20 @@ def _filter(df: pd.DataFrame) -> pd.DataFrame:
     return df[keep]
 
 
+def _table(df: pd.DataFrame, key: str, say_empty: Callable[[], object]) -> None:
+    shown = _filter(df)
+    if shown.empty:
+        say_empty()
+    else:
+        st.dataframe(shown, hide_index=True, width="stretch", key=key)
+
+
 st.subheader("Active (pending and firing)")
-shown = _filter(active)
-if shown.empty:
-    st.success("No alert is pending or firing.")
-else:
-    st.dataframe(shown, hide_index=True, width="stretch", key="alerts_active")
+_table(active, "alerts_active", lambda: st.success("No alert is pending or firing."))
 st.subheader("History")
 st.caption("Our engine's transitions (source `engine`) and alerts received from "
            "Alertmanager (source `alertmanager:<receiver>`), newest first.")
-shown = _filter(history)
-if shown.empty:
-    st.info("No alert fired or resolved in this range.")
-else:
-    st.dataframe(shown, hide_index=True, width="stretch", key="alerts_history")
+_table(history, "alerts_history", lambda: st.info("No alert fired or resolved in this range."))
 
 st.subheader("One alert in full")
 when = [h if isinstance(h, str) else s for h, s in zip(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from tritonwatch.dashboard import loaders
+from tritonwatch.dashboard import fleet_loaders, loaders, slo_loaders
 from tritonwatch.dashboard.state import current
 from tritonwatch.dashboard.text import md
 
@@ -34,7 +34,7 @@ else:
 
 window = min(sel.span, 900.0)
 st.subheader(f"Models — last {window / 60:.0f} min, change against the same time a week ago")
-models = loaders.fleet_models(sel.url, now, window)
+models = fleet_loaders.fleet_models(sel.url, now, window)
 if models.empty:
     st.info("No model series stored yet.")
 else:
@@ -63,13 +63,13 @@ else:
                    "history of a model.")
 
 st.subheader("SLOs")
-specs = loaders.slo_specs(sel.settings.rules_file)
+specs = slo_loaders.slo_specs(sel.settings.rules_file)
 if not specs:
     st.info("No SLOs defined — add `slos:` to the rules file (`alerting.rules_file`).")
 else:
     cols = st.columns(min(len(specs), 4))
     for i, spec in enumerate(specs):
-        status = loaders.slo_status(sel.url, sel.settings.rules_file, spec.name, now)
+        status = slo_loaders.slo_status(sel.url, sel.settings.rules_file, spec.name, now)
         with cols[i % len(cols)].container(border=True, key=f"fleet_slo_{i}"):
             st.markdown(f"**{md(spec.name)}** — objective {spec.objective:g} % over "
                         f"{spec.window}")
@@ -86,7 +86,7 @@ else:
             st.page_link("app_pages/slos.py", label="SLO details")
 
 st.subheader("Active alerts")
-active = [a for a in loaders.alert_states(sel.url) if a.status in ("pending", "firing")]
+active = [a for a in slo_loaders.alert_states(sel.url) if a.status in ("pending", "firing")]
 if not active:
     st.success("No alert is pending or firing.")
 else:

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from tritonwatch.dashboard import charts, loaders
+from tritonwatch.dashboard import charts, loaders, model_loaders
 from tritonwatch.dashboard.state import current
 
 sel = current()
@@ -28,15 +28,15 @@ if kv.empty:
 
 # Deploy markers of the model chosen in the sidebar, on every chart (as on the Model page);
 # with several targets serving it, each target's, named.
-markers: list[loaders.Marker] = []
+markers: list[model_loaders.Marker] = []
 if sel.model is not None:
     served = loaders.inventory(sel.url)
     targets = ([sel.target] if sel.target is not None else
                sorted(set(served[served["model"] == sel.model]["target"])))
     for t in targets:
-        for m in loaders.deploy_markers(sel.url, t, sel.model, sel.start, sel.end, sel.step):
+        for m in model_loaders.deploy_markers(sel.url, t, sel.model, sel.start, sel.end, sel.step):
             markers.append(m if len(targets) == 1 else
-                           loaders.Marker(m.ts, m.kind, f"{t}: {m.detail}"))
+                           model_loaders.Marker(m.ts, m.kind, f"{t}: {m.detail}"))
     markers.sort(key=lambda m: m.ts)
 
 st.subheader("KV-cache utilization")
@@ -105,5 +105,4 @@ if sel.model is not None:
     if not markers:
         st.caption("No version change, config change or reload of this model in this range.")
     else:
-        st.dataframe([{"time (UTC)": loaders.utc_text(m.ts), "what": m.kind, "detail": m.detail}
-                      for m in markers], hide_index=True, key="llm_markers")
+        st.dataframe(charts.marker_rows(markers), hide_index=True, key="llm_markers")

@@ -7,7 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from tritonwatch.alerts.formatting import fmt_change
-from tritonwatch.dashboard import charts, loaders
+from tritonwatch.dashboard import charts, fleet_loaders, loaders, model_loaders
 from tritonwatch.dashboard.state import current
 from tritonwatch.dashboard.text import md
 
@@ -53,7 +53,7 @@ def series(name: str, legend: tuple[str, ...], scale: float = 1.0) -> pd.DataFra
                           model=model, version=sel.version, legend=legend, scale=scale)
 
 
-markers = loaders.deploy_markers(sel.url, target, model, sel.start, sel.end, sel.step)
+markers = model_loaders.deploy_markers(sel.url, target, model, sel.start, sel.end, sel.step)
 
 left, right = st.columns(2)
 with left:
@@ -76,7 +76,7 @@ with right:
                                           markers=markers), key="model_failures")
 
 st.subheader("Latency per request, part by part")
-parts = loaders.latency_breakdown(sel.url, target, model, sel.version, sel.start, sel.end,
+parts = model_loaders.latency_breakdown(sel.url, target, model, sel.version, sel.start, sel.end,
                                   sel.step)
 if parts.empty:
     st.info("Not enough scrapes in this range to compute per-request latency.")
@@ -108,7 +108,7 @@ with left:
         st.altair_chart(charts.time_chart(fill, unit="batch fill %", legend="version",
                                           markers=markers, y_max=100), key="model_fill")
 with right:
-    sizes = loaders.batch_sizes(sel.url, target, model, sel.start, sel.end, sel.step)
+    sizes = model_loaders.batch_sizes(sel.url, target, model, sel.start, sel.end, sel.step)
     if sizes.empty or not sizes["executions"].sum():
         st.info("No batch statistics in this range (the statistics API needs `http_url` or "
                 "`grpc_url` on the target).")
@@ -123,7 +123,7 @@ with right:
 
 st.subheader("Probe latency")
 ttft_slo, itl_slo = sel.settings.thresholds(model)
-pct = loaders.probe_percentiles(sel.url, model, target, sel.start, sel.end, sel.step)
+pct = fleet_loaders.probe_percentiles(sel.url, model, target, sel.start, sel.end, sel.step)
 if pct.empty:
     st.info("No probe results for this model — add `probes:` to the config.")
 else:
@@ -142,7 +142,7 @@ else:
                 threshold_label=f"{metric} SLO"), key=f"model_probe_{metric}")
 
 st.subheader("Why: what moved with the probe latency")
-why = loaders.why(sel.url, target, model, sel.start, sel.end, sel.step)
+why = model_loaders.why(sel.url, target, model, sel.start, sel.end, sel.step)
 if why.latency is None:
     st.info("No probe latency of this model in both halves of the range to compare.")
 else:
@@ -173,5 +173,4 @@ st.subheader("Deploy markers")
 if not markers:
     st.caption("No version change, config change or reload in this range.")
 else:
-    st.dataframe([{"time (UTC)": loaders.utc_text(m.ts), "what": m.kind, "detail": m.detail}
-                  for m in markers], hide_index=True, key="model_markers")
+    st.dataframe(charts.marker_rows(markers), hide_index=True, key="model_markers")

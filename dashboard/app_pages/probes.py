@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import streamlit as st
 
-from tritonwatch.dashboard import loaders
+from tritonwatch.dashboard import fleet_loaders, loaders
 from tritonwatch.dashboard.state import current
 
 sel = current()
 st.header("Probes")
-rows = loaders.probe_results(sel.url, sel.start, sel.end, model=sel.model, target=sel.target)
+rows = fleet_loaders.probe_results(sel.url, sel.start, sel.end, model=sel.model, target=sel.target)
 if not rows:
     if not sel.settings.probes:
         st.info("No probes configured — add `probes:` to the config.")
     else:
         st.info(f"No probe results in this range (configured: {', '.join(sel.settings.probes)}).")
     st.stop()
-df = loaders.probe_frame(rows)
+df = fleet_loaders.probe_frame(rows)
 if len(rows) >= loaders.PROBE_ROWS_LIMIT:
     st.caption(f"Showing the first {loaders.PROBE_ROWS_LIMIT:,} requests of the range.")
 

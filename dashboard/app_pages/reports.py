@@ -6,12 +6,12 @@ from __future__ import annotations
 import streamlit as st
 import streamlit.components.v1 as components
 
-from tritonwatch.dashboard import loaders
+from tritonwatch.dashboard import slo_loaders
 from tritonwatch.dashboard.state import current
 
 sel = current()
 st.header("Weekly SLO reports")
-table = loaders.reports(sel.url)
+table = slo_loaders.reports(sel.url)
 if table.empty:
     st.info("No weekly report yet — `serve` makes one each week (`reports:` in the config), "
             "or run `tritonwatch report` for the last complete week.")
@@ -22,14 +22,14 @@ labels = {int(i): f"{week} ({tz})"
           for i, week, tz in zip(table["id"], table["week"], table["time zone"], strict=True)}
 chosen = st.selectbox("Report", list(labels), format_func=labels.__getitem__,
                       key="reports_pick")
-html = loaders.report_document(sel.url, chosen, "html")
+html = slo_loaders.report_document(sel.url, chosen, "html")
 if html is None:
     st.warning("That report is no longer in the store.")
     st.stop()
 cols = st.columns(3)
 for col, fmt, mime in zip(cols, ("html", "md", "json"),
                           ("text/html", "text/markdown", "application/json"), strict=True):
-    text = loaders.report_document(sel.url, chosen, fmt)
+    text = slo_loaders.report_document(sel.url, chosen, fmt)
     if text is not None:
         col.download_button(f"Download {fmt.upper()}", text,
                             file_name=f"{labels[chosen].split()[0]}.{fmt}", mime=mime,

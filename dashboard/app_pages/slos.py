@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from tritonwatch.dashboard import charts, loaders
+from tritonwatch.dashboard import charts, loaders, slo_loaders
 from tritonwatch.dashboard.state import current
 from tritonwatch.dashboard.text import md
 from tritonwatch.schemas.values import format_duration as fmt_duration
@@ -14,14 +14,14 @@ from tritonwatch.schemas.values import format_duration as fmt_duration
 sel = current()
 st.header("SLOs")
 rules_file = sel.settings.rules_file
-specs = loaders.slo_specs(rules_file)
+specs = slo_loaders.slo_specs(rules_file)
 if not specs:
     st.info("No SLOs defined — add `slos:` to the rules file named by "
             "`alerting.rules_file` in the config.")
     st.stop()
 
 for i, spec in enumerate(specs):
-    status = loaders.slo_status(sel.url, rules_file, spec.name, sel.end)
+    status = slo_loaders.slo_status(sel.url, rules_file, spec.name, sel.end)
     with st.container(border=True, key=f"slo_{i}"):
         st.subheader(md(spec.name))
         st.caption(f"objective {spec.objective:g} % over {spec.window}; SLI {spec.sli.kind}")
@@ -43,7 +43,7 @@ for i, spec in enumerate(specs):
         if alerts:
             st.error(f"Burn-rate alert firing: {', '.join(alerts)}")
 
-        history = loaders.slo_history(sel.url, rules_file, spec.name, sel.end)
+        history = slo_loaders.slo_history(sel.url, rules_file, spec.name, sel.end)
         left, right = st.columns(2)
         with left:
             st.markdown("**Budget burn-down**")
@@ -59,7 +59,7 @@ for i, spec in enumerate(specs):
             st.altair_chart(charts.time_chart(
                 burn, unit="burn rate (x)",
                 thresholds=[(t.factor, f"{t.window.name} {t.factor:.3g}x")
-                            for t in loaders.slo_tiers(spec) if t.enabled]),
+                            for t in slo_loaders.slo_tiers(spec) if t.enabled]),
                 key=f"slo_burn_{i}")
         tiers = pd.DataFrame([{
             "tier": t.name, "severity": t.severity,
@@ -75,7 +75,7 @@ for i, spec in enumerate(specs):
         if spent.empty:
             st.caption("No bad events in the period.")
         else:
-            slice_h = status.period_s / loaders.BURN_DOWN_POINTS / 3600
+            slice_h = status.period_s / slo_loaders.BURN_DOWN_POINTS / 3600
             st.dataframe(pd.DataFrame({
                 "slice ending (UTC)": [loaders.utc_text(t.timestamp()) for t in spent["time"]],
                 "length": f"{slice_h:.1f} h",

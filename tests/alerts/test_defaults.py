@@ -19,7 +19,7 @@ from tritonwatch.alerts.defaults import default_rules
 from tritonwatch.alerts.model import Rule
 from tritonwatch.schemas.regressions import DEFAULT_RULE_NAMES, DefaultsSpec
 from tritonwatch.schemas.samples import Sample, TargetHealth, make_labels
-from tritonwatch.store import Store
+from tritonwatch.store import Query, Store
 
 START = T0 + HISTORY_S  # evaluated span begins
 ONSET = START + 20 * 60
@@ -239,7 +239,7 @@ def _failure_history(store: Store, start: float, end: float) -> None:
 
 
 def _raw_mean(store: Store, name: str, lo: float, hi: float) -> float:
-    (sd,) = store.range(name, start=lo, end=hi)
+    (sd,) = store.read(Query(name, start=lo, end=hi)).series()
     vals = [v for v in sd.values if np.isfinite(v)]
     return sum(vals) / len(vals)
 
@@ -247,7 +247,8 @@ def _raw_mean(store: Store, name: str, lo: float, hi: float) -> float:
 def test_failure_baseline_from_rollups_equals_the_raw_one(store: Store) -> None:
     now = START + 3 * 3600.0  # on the 5-minute grid
     _failure_history(store, now - 3 * 3600, now)
-    store.rollup(now)  # the baseline hour is below the watermark: served by the 5 m rollup
+    # The baseline hour is below the watermark: served by the 5 m rollup.
+    store.maintenance.rollup(now)
     r = failure_rule()
     b0, b1 = r.baseline_span(now + 45)
     assert (b0, b1) == (now - 3900, now - 300)  # whole 5-minute intervals before the window
@@ -296,7 +297,7 @@ def test_failure_spike_from_rollups_fires_as_before(store: Store) -> None:
         store.write("t1", ts, [Sample("sli:request_rate", M, 8.0 if bad else 10.0),
                                Sample("sli:failure_rate", FAIL, 2.0 if bad else 0.05)])
     store.flush()
-    store.rollup(now)
+    store.maintenance.rollup(now)
     (c,) = failure_rule().evaluate(store, now)
     ann = dict(c.annotations)
     assert float(ann["failure_ratio"]) == pytest.approx(0.2)

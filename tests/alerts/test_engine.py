@@ -28,7 +28,7 @@ def store(make_store: Callable[[], Store]) -> Store:
 @pytest.fixture
 def sqlite_store(tmp_path) -> Iterator[Store]:
     s = open_store(f"sqlite:///{tmp_path}/tw.db")
-    s.create_schema()
+    s.migrations.apply()
     yield s
     s.close()
 

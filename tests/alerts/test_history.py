@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from tritonwatch.alerts.history import BucketHistory, group_grid, quantum_for
 from tritonwatch.schemas.samples import Sample, make_labels
-from tritonwatch.store import SeriesColumns, SeriesData, Store
+from tritonwatch.store import Query, SeriesColumns, SeriesData, Store
 
 T0 = 1_750_003_200.0  # on the 5-minute grid
 A = make_labels({"model": "a", "version": "1"})
@@ -20,27 +20,17 @@ B = make_labels({"model": "b", "version": "1"})
 
 
 class CountingStore:
-    """Forwards to a store and records every ``buckets``/``range`` call's name and window."""
+    """Forwards to a store and records every sample read's kind, name and window."""
 
     def __init__(self, store: Store) -> None:
         self._store = store
         self.calls: list[tuple[str, str, float, float]] = []
 
-    def buckets(self, name: str, **kw: Any) -> list[SeriesData]:
-        self.calls.append(("buckets", name, kw["start"], kw["end"]))
-        return self._store.buckets(name, **kw)
-
-    def bucket_columns(self, name: str, **kw: Any) -> SeriesColumns:
-        self.calls.append(("buckets", name, kw["start"], kw["end"]))
-        return self._store.bucket_columns(name, **kw)
-
-    def range(self, name: str, **kw: Any) -> list[SeriesData]:
-        self.calls.append(("range", name, kw["start"], kw["end"]))
-        return self._store.range(name, **kw)
-
-    def range_columns(self, name: str, **kw: Any) -> SeriesColumns:
-        self.calls.append(("range", name, kw["start"], kw["end"]))
-        return self._store.range_columns(name, **kw)
+    def read(self, q: Query) -> SeriesColumns:
+        # The rules read one name over a whole window (a read without either would fail).
+        assert q.name is not None and q.start is not None and q.end is not None, q
+        self.calls.append(("buckets" if q.step is not None else "range", q.name, q.start, q.end))
+        return self._store.read(q)
 
     def __getattr__(self, attr: str) -> Any:
         return getattr(self._store, attr)

@@ -209,7 +209,7 @@ def test_receiver_config_refuses_open_or_weak_setups() -> None:
 
 def test_create_app_mounts_the_receiver_on_the_store(tmp_path: Path) -> None:
     store = open_store(f"sqlite:///{tmp_path}/tw.db")
-    store.create_schema()
+    store.migrations.apply()
     try:
         alerting = AlertingConfig.model_validate({"receiver": {"token": TOKEN}})
         with TestClient(create_app(store, alerting=alerting)) as c:

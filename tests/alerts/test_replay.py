@@ -13,7 +13,7 @@ from tritonwatch import cli
 from tritonwatch.replay import ReplayError, backtest, load_recording, replay
 from tritonwatch.schemas.alerts import AlertCandidate
 from tritonwatch.schemas.samples import Sample, make_labels
-from tritonwatch.store import Store, open_store
+from tritonwatch.store import Query, Store, open_store
 from tritonwatch.store.alerts import AlertStore
 
 RIG = Path(__file__).parent.parent / "fixtures" / "rig"
@@ -33,7 +33,8 @@ class LatestAbove:
 
     def evaluate(self, store: Store, now: float) -> list[AlertCandidate]:
         out = []
-        for data in store.range(self.series, start=now - self.window, end=now, match=self.match):
+        for data in store.read(Query(self.series, start=now - self.window, end=now,
+                                     match=self.match)).series():
             value = data.values[-1]
             if self.seen is not None:
                 self.seen.append((now, dict(data.labels), value))
@@ -178,7 +179,7 @@ def test_unparsable_scrape_counts_as_down(tmp_path):
 def test_backtest_over_stored_history_writes_no_alert_state(tmp_path, capsys):
     url = f"sqlite:///{tmp_path}/tw.db"
     with open_store(url) as store:
-        store.create_schema()
+        store.migrations.apply()
         labels = make_labels({"model": "llm"})
         for i in range(20):
             value = 0.99 if 5 <= i < 10 else 0.5

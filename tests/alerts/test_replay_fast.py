@@ -11,10 +11,11 @@ from typing import Any
 from sqlalchemy import text
 
 from tests.alerts.test_replay import LatestAbove, rig_recording, synthetic_probes
+from tests.store_sql import raw_engine
 from tritonwatch import cli
 from tritonwatch.alerts.rules import load_rules
 from tritonwatch.replay import recordings_in, replay
-from tritonwatch.store import open_store
+from tritonwatch.store import Query, open_store
 
 
 def _rules() -> list[Any]:
@@ -45,13 +46,13 @@ def test_scratch_store_gives_the_same_alerts_as_the_durable_one(tmp_path: Path) 
 
 def test_scratch_store_has_no_journal_and_no_fsync(tmp_path: Path) -> None:
     with open_store(f"sqlite:///{tmp_path}/s.db", scratch=True) as store:
-        store.create_schema()
-        with store._engine.connect() as conn:
+        store.migrations.apply()
+        with raw_engine(store).connect() as conn:
             assert conn.execute(text("PRAGMA journal_mode")).scalar() == "off"
             assert conn.execute(text("PRAGMA synchronous")).scalar() == 0
     with open_store(f"sqlite:///{tmp_path}/d.db") as store:
-        store.create_schema()
-        with store._engine.connect() as conn:
+        store.migrations.apply()
+        with raw_engine(store).connect() as conn:
             assert conn.execute(text("PRAGMA journal_mode")).scalar() == "wal"
 
 
@@ -92,15 +93,15 @@ def test_scratch_store_sees_series_created_after_a_query(tmp_path: Path) -> None
     from tritonwatch.schemas.samples import Sample, make_labels
 
     with open_store(f"sqlite:///{tmp_path}/s.db", scratch=True) as store:
-        store.create_schema()
+        store.migrations.apply()
         store.write("t", 1000.0, [Sample("x", make_labels({"m": "a"}), 1.0)])
         store.flush()
-        assert [k.labels for k in store.series("x")] == [make_labels({"m": "a"})]
-        assert len(store.range_columns("x", start=900, end=1100).keys) == 1
+        assert [k.labels for k in store.series(Query("x"))] == [make_labels({"m": "a"})]
+        assert len(store.read(Query("x", start=900, end=1100)).keys) == 1
         store.write("t", 1010.0, [Sample("x", make_labels({"m": "b"}), 2.0)])
         store.flush()
-        assert len(store.series("x")) == 2
-        cols = store.range_columns("x", start=900, end=1100)
+        assert len(store.series(Query("x"))) == 2
+        cols = store.read(Query("x", start=900, end=1100))
         assert sorted(cols.values.tolist()) == [1.0, 2.0]
 
 
@@ -111,21 +112,21 @@ def test_scratch_store_answers_as_the_durable_one_across_rollups(tmp_path: Path)
     answers = []
     for scratch in (True, False):
         with open_store(f"sqlite:///{tmp_path}/{scratch}.db", scratch=scratch) as store:
-            store.create_schema()
+            store.migrations.apply()
             got = []
             for i in range(0, 4 * 3600, 60):
                 store.write("t", 1_800_000_000.0 + i, [Sample("x", make_labels({}), float(i))])
                 if i % 3600 == 0:
                     store.flush()
-                    got.append(store.bucket_columns("x", start=1_800_000_000.0,
-                                                    end=1_800_000_000.0 + i, step=300,
-                                                    agg="avg").values.tolist())
-                    store.rollup(1_800_000_000.0 + i + 7200)
+                    got.append(store.read(Query("x", start=1_800_000_000.0,
+                                                end=1_800_000_000.0 + i, step=300,
+                                                agg="avg")).values.tolist())
+                    store.maintenance.rollup(1_800_000_000.0 + i + 7200)
             store.flush()
-            store.rollup(1_800_000_000.0 + 6 * 3600)
-            got.append(store.bucket_columns("x", start=1_800_000_000.0,
-                                            end=1_800_000_000.0 + 4 * 3600, step=3600,
-                                            agg="avg").values.tolist())
+            store.maintenance.rollup(1_800_000_000.0 + 6 * 3600)
+            got.append(store.read(Query("x", start=1_800_000_000.0,
+                                        end=1_800_000_000.0 + 4 * 3600, step=3600,
+                                        agg="avg")).values.tolist())
             answers.append(got)
     assert answers[0] == answers[1]
     assert len(answers[0][-1]) == 4

@@ -164,7 +164,7 @@ def test_exported_series_are_capped_and_the_drops_counted(store: Store):
 
 def test_metrics_never_reads_the_database(tmp_path: Path):
     store = open_store(f"sqlite:///{tmp_path}/tw.db")
-    store.create_schema()
+    store.migrations.apply()
     fill_store(store)
     client, _ = live_app(store)
     store.close()

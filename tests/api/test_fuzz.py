@@ -29,7 +29,7 @@ EXAMPLES = 30
 
 def _app() -> object:
     store = open_store(f"sqlite:///{Path(tempfile.mkdtemp(prefix='tw-fuzz-')) / 'tw.db'}")
-    store.create_schema()
+    store.migrations.apply()
     fill_store(store)
     rules = rules_from_file(validate_rules(yaml.safe_load(RULES)))
     engine = Engine(rules, store, eval_interval=30, clock=lambda: T0)

@@ -12,7 +12,7 @@ import pytest
 
 from tests.fixtures_http import free_port
 from tests.fixtures_rig import serve_config
-from tritonwatch.store import open_store
+from tritonwatch.store import Query, open_store
 
 EXE = Path(sys.executable).with_name("tritonwatch")
 
@@ -93,10 +93,10 @@ def test_serve_scrapes_the_rig_and_flushes_on_sigterm(triton_rig, rig_load, tmp_
         code, out = stop(proc)
     assert code == 0, out
     with open_store(f"sqlite:///{db}") as store:
-        names = {k.name for k in store.series(target="rig")}
+        names = {k.name for k in store.series(Query(target="rig"))}
         assert {"nv_inference_count", "sli:request_rate", "sli:batch_fill_rate"} <= names
-        (rate,) = store.range("sli:request_rate", start=0, end=time.time(),
-                              match={"model": "batcher"})
+        (rate,) = store.read(Query("sli:request_rate", start=0, end=time.time(),
+                                   match={"model": "batcher"})).series()
         assert len(rate.values) >= 2 and min(rate.values) > 0, rate
 
 
@@ -134,7 +134,7 @@ def test_serve_spills_what_the_final_flush_could_not_write_and_stores_it_at_the_
             raise StoreError(f"flush on {store.url_redacted} failed: db down",
                              url=store.url_redacted)
 
-        monkeypatch.setattr(store, "_write_chunks", refuse)
+        monkeypatch.setattr(store._writer, "write", refuse)
         store.write("t", ts, [Sample("x", (), 1.0), Sample("y", (), 2.0)])
         stop.set()
 
@@ -157,8 +157,10 @@ def test_serve_spills_what_the_final_flush_could_not_write_and_stores_it_at_the_
     # The next start stores them before anything else, and the file goes.
     store = serve_mod.prepare_store(config)
     try:
-        assert [list(p.values) for p in store.range("x", start=ts - 1, end=ts + 1)] == [[1.0]]
-        assert [list(p.values) for p in store.range("y", start=ts - 1, end=ts + 1)] == [[2.0]]
+        assert [list(p.values) for p in store.read(Query("x", start=ts - 1,
+                                                         end=ts + 1)).series()] == [[1.0]]
+        assert [list(p.values) for p in store.read(Query("y", start=ts - 1,
+                                                         end=ts + 1)).series()] == [[2.0]]
     finally:
         store.close()
     assert not list((tmp_path / "spill").glob("spill-*"))
@@ -214,7 +216,7 @@ def test_close_store_ends_by_its_deadline_and_spills_while_sqlite_stays_locked(
     monkeypatch.setattr(serve_mod, "STORE_TIMEOUT_S", 1.0)
     db = tmp_path / "tw.db"
     store = open_store(f"sqlite:///{db}", timeout_s=1.0)
-    store.create_schema()
+    store.migrations.apply()
     store.write("t", 1_700_000_000, [Sample("x", (), 1.0)])
     other = sqlite3.connect(db, isolation_level=None)
     other.execute("BEGIN EXCLUSIVE")

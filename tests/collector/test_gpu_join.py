@@ -42,6 +42,7 @@ from tritonwatch.collector.jobs import Collector
 from tritonwatch.collector.shape import Shape, parse_columns
 from tritonwatch.schemas.config import validate_config
 from tritonwatch.schemas.samples import Sample, TargetHealth, label_value, make_labels
+from tritonwatch.store import Query
 
 A = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
 
@@ -465,7 +466,7 @@ def test_the_join_runs_in_a_worker_thread_not_on_the_event_loop(store):
     asyncio.run(go())
     assert len(seen) == 1 and seen[0] != "event loop"
     store.flush()
-    assert store.range("sli:gpu_utilization_ratio", start=0, end=2000)
+    assert store.read(Query("sli:gpu_utilization_ratio", start=0, end=2000)).series()
 
 
 def test_a_scrape_replacing_the_last_scrape_meanwhile_never_mismatches_plan_and_values(store):

@@ -20,7 +20,7 @@ from tritonwatch.collector.self_metrics import SelfMetrics
 from tritonwatch.collector.triton import ApiReading, parse_model_config, stats_families
 from tritonwatch.schemas.config import validate_config
 from tritonwatch.schemas.samples import Sample, Snapshot, TargetHealth
-from tritonwatch.store import StoreError
+from tritonwatch.store import Query, StoreError
 
 
 def run_scheduled(collector, *, until, limit=60.0):
@@ -79,12 +79,12 @@ def test_scrape_stores_raw_and_derived_series_with_exposed_names(fake_targets, s
     first, second = asyncio.run(go())
     store.flush()
     assert first.up and second.up and second.samples > 100
-    names = {k.name for k in store.series(target="a")}
+    names = {k.name for k in store.series(Query(target="a"))}
     # Triton's counter names as exposed (no _total added), like Prometheus stores them.
     assert "nv_inference_count" in names and "nv_inference_count_total" not in names
     assert {"up", "scrape_duration_seconds", "sli:request_rate", "sli:batch_fill_rate"} <= names
-    (fill,) = store.range("sli:batch_fill_rate", start=0, end=2000, target="a",
-                          match={"model": "preprocessing"})
+    (fill,) = store.read(Query("sli:batch_fill_rate", start=0, end=2000, target="a",
+                               match={"model": "preprocessing"})).series()
     assert fill.ts == (1015.0,)
     assert 0 < fill.values[0] <= 1
     assert dict(fill.labels)["cluster"] == "west"
@@ -134,10 +134,10 @@ def test_broken_targets_are_marked_down_and_never_delay_the_good_one(
     good = good_hits()
     assert len(good) >= 5
     assert max(b - a for a, b in itertools.pairwise(good)) < 2.5, good
-    (up,) = store.range("up", start=0, end=time.time() + 10, target="good")
+    (up,) = store.read(Query("up", start=0, end=time.time() + 10, target="good")).series()
     assert sum(up.values) > len(up.values) / 2, up.values
     # Down targets get `up` 0 in the store, like Prometheus.
-    (up,) = store.range("up", start=0, end=time.time() + 10, target="down")
+    (up,) = store.read(Query("up", start=0, end=time.time() + 10, target="down")).series()
     assert set(up.values) == {0.0}
     # Scrape failures are health, not job failures: the scheduler saw no exceptions.
     assert metrics.job_failures.labels("scrape")._value.get() == 0
@@ -197,7 +197,7 @@ def test_nvml_job_on_a_host_without_nvml_still_joins_tritons_gpu_view(fake_targe
         assert not health.up and health.error.startswith("NVML unavailable")
     nvml_health = [h for h in store.health() if h.source == "nvml"]
     assert [h.target for h in nvml_health] == ["node-1"]
-    util = store.range("sli:gpu_utilization_ratio", start=0, end=2000)
+    util = store.read(Query("sli:gpu_utilization_ratio", start=0, end=2000)).series()
     assert len(util) == 2 and all(0 <= s.values[0] <= 1 for s in util)
 
 
@@ -296,7 +296,7 @@ def test_a_five_minute_interval_still_gives_rates(store):
 
     asyncio.run(go())
     store.flush()
-    (rate,) = store.range("sli:request_rate", start=0, end=2000, target="a")
+    (rate,) = store.read(Query("sli:request_rate", start=0, end=2000, target="a")).series()
     assert rate.values == (pytest.approx(300 / 300.004),)
 
 
@@ -333,7 +333,7 @@ def test_a_failed_scrape_drops_the_snapshot_the_gpu_join_uses(store):
     assert collector.targets["a"].latest == [] and collector.targets["a"].latest_raw == []
     # Only the reading taken while the target answered; a dead server's frozen queue is not
     # joined with live NVML readings.
-    (idle,) = store.range("sli:gpu_idle_while_queued", start=0, end=1e10)
+    (idle,) = store.read(Query("sli:gpu_idle_while_queued", start=0, end=1e10)).series()
     assert idle.ts == (1000.0,)
 
 
@@ -363,14 +363,14 @@ def test_configured_target_labels_are_on_every_series_of_the_target(store):
 
     asyncio.run(go())
     store.flush()
-    keys = store.series(target="a")
+    keys = store.series(Query(target="a"))
     names = {k.name for k in keys}
     assert {"triton_stats_success_count", "sli:execution_rate", "up",
             "scrape_duration_seconds", "scrape_samples_scraped",
             "nv_inference_pending_request_count"} <= names
     unlabelled = [(k.name, dict(k.labels)) for k in keys if ("cluster", "eu1") not in k.labels]
     assert unlabelled == []
-    (up,) = store.range("up", start=0, end=1e10, target="a")
+    (up,) = store.read(Query("up", start=0, end=1e10, target="a")).series()
     assert up.values == (1.0, 0.0)
 
 
@@ -553,5 +553,5 @@ def test_a_huge_slow_path_body_does_not_delay_other_targets(
     good = [t for path, t in fake_targets.hits if path == "/ok"]
     scrapes_during = sum(began <= t <= ended for t in good)
     assert scrapes_during >= int((ended - began) / 2), (scrapes_during, ended - began, stall)
-    (up,) = store.range("up", start=0, end=time.time() + 10, target="good")
+    (up,) = store.read(Query("up", start=0, end=time.time() + 10, target="good")).series()
     assert sum(up.values) > len(up.values) / 2, up.values

@@ -54,7 +54,7 @@ def week_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Filled]:
     config = write_config(d, rig=None, db_url=url, rules=WEEK_RULES)
     now = time.time()
     with open_store(url) as store:
-        store.create_schema()
+        store.migrations.apply()
         synthetic_week(store, now=now)
     yield Filled(config, url, {"now": now})
 
@@ -63,6 +63,6 @@ def week_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Filled]:
 def empty_store(tmp_path: Path) -> Filled:
     url = f"sqlite:///{tmp_path}/tw.db"
     with open_store(url) as store:
-        store.create_schema()
+        store.migrations.apply()
     config = write_config(tmp_path, rig=None, db_url=url, rules="version: 1\n")
     return Filled(config, url, {})

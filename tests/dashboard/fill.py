@@ -116,7 +116,7 @@ def fill_from_rig(config_path: Path, rig: TritonRig, edge: Any | None = None,
     """Scrape, probe and evaluate ``steps`` times a second; returns what was done."""
     config = load_config(config_path)
     store = open_store(config.store.url)
-    store.create_schema()
+    store.migrations.apply()
     engine = Engine(load_rules(config.alerting.rules_file), store, eval_interval=1.0)
     load = LoadGenerator(rig.grpc_url, concurrency=8, llm_concurrency=2, max_duration=120.0)
     collector = Collector(config, store)
@@ -148,7 +148,7 @@ def fill_from_rig(config_path: Path, rig: TritonRig, edge: Any | None = None,
     finally:
         load.stop()
         rig.reset_control()
-    store.rollup(time.time())
+    store.maintenance.rollup(time.time())
     now = time.time()
     labels = make_labels({"alertname": "UpstreamDown", "severity": "critical",
                           "model": XSS_MODEL})
@@ -182,4 +182,4 @@ def synthetic_week(store: Store, *, now: float, target: str = "week",
         ])
         ts += 15.0
     store.flush()
-    store.rollup(now)
+    store.maintenance.rollup(now)

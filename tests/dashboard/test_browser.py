@@ -56,7 +56,7 @@ def _keep_a_report(store, d) -> None:
     from tritonwatch.store.reports import ReportStore
 
     with open_store(f"sqlite:///{d}/report.db") as scratch:
-        scratch.create_schema()
+        scratch.migrations.apply()
         syn.fill(scratch)
         made = produce(scratch, syn.config(out_dir=str(d / "reports")), syn.WEEK,
                        specs=syn.SLOS)

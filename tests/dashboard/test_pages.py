@@ -17,7 +17,7 @@ from tests.dashboard.fill import XSS_ANNOTATION, XSS_MODEL
 from tritonwatch.alerts.slo import slo_status
 from tritonwatch.dashboard.loaders import CONFIG_ENV, step_for
 from tritonwatch.schemas.rules import load_rules_file
-from tritonwatch.store import StoreError, open_store
+from tritonwatch.store import Query, StoreError, open_store
 from tritonwatch.store.alerts import AlertStore
 
 APP = str(Path(__file__).resolve().parents[2] / "dashboard" / "streamlit_app.py")
@@ -61,8 +61,8 @@ def metric(at: AppTest, label: str) -> str:
 def stored_mean(url: str, name: str, match: dict[str, str], start: float,
                 end: float) -> float:
     with open_store(url, read_only=True) as store:
-        cols = store.bucket_columns(name, start=start, end=end, step=end - start, agg="avg",
-                                    match=match)
+        cols = store.read(Query(name, start=start, end=end, step=end - start, agg="avg",
+                                match=match))
     sums, counts = cols.finite_sums()
     return float(np.sum(sums / counts))
 
@@ -129,8 +129,8 @@ def test_llm_page_shows_kv_cache_and_its_forecast(rig_store, monkeypatch):
     at = run_page(monkeypatch, rig_store.config, "llm", range="15 min")
     line = next(t for t in texts(at) if t.startswith("rig, fake_llm:"))
     with open_store(rig_store.url, read_only=True) as store:
-        (kv,) = store.range("sli:kv_cache_utilization", start=0, end=time.time() + 1,
-                            match={"model": "fake_llm"})
+        (kv,) = store.read(Query("sli:kv_cache_utilization", start=0, end=time.time() + 1,
+                                 match={"model": "fake_llm"})).series()
     # The mean of the chart's last bucket (1 s scrapes: 3 s buckets over 15 min), in percent.
     step = step_for(900, 1.0)
     last_bucket = [v for t, v in zip(kv.ts, kv.values, strict=True)
@@ -303,8 +303,7 @@ def test_the_dashboard_store_refuses_writes(rig_store):
         store.write("x", time.time(), [Sample("y", (), 1.0)])
         with pytest.raises(StoreError):
             store.flush()
-        store._buffer.clear()  # what close() would flush again
-        store._rows = 0
+        store.drain()  # what close() would flush again
 
 
 
@@ -325,7 +324,7 @@ def test_reports_page_lists_kept_reports_and_shows_one(tmp_path, monkeypatch):
 
     url = f"sqlite:///{tmp_path}/tw.db"
     with open_store(url) as store:
-        store.create_schema()
+        store.migrations.apply()
         syn.fill(store)
         made = produce(store, syn.config(out_dir=str(tmp_path / "out")), syn.WEEK,
                        specs=syn.SLOS)

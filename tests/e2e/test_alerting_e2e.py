@@ -45,7 +45,7 @@ from tests.fixtures_alertmanager import AlertmanagerServer, forwarding_alertmana
 from tritonwatch.loadgen import LoadGenerator
 from tritonwatch.rig import CONTROL_DEFAULTS, TritonRig
 from tritonwatch.schemas.alerts import AlertEvent, AlertState
-from tritonwatch.store import open_store
+from tritonwatch.store import Query, open_store
 from tritonwatch.store.alerts import AlertStore
 
 pytestmark = pytest.mark.triton
@@ -349,8 +349,8 @@ class Stack:
             for series, match in (("sli:batch_fill_rate", {"model": "batcher"}),
                                   ("sli:request_rate", {"model": "batcher"}),
                                   ("probe:ttft_seconds", {"probe": "llm"})):
-                for d in store.buckets(series, start=now - 70, end=now, step=1.0, agg="avg",
-                                       match=match):
+                for d in store.read(Query(series, start=now - 70, end=now, step=1.0, agg="avg",
+                                          match=match)).series():
                     vals = " ".join(f"{v:.3g}" for v in d.values)
                     out.append(f"  {series} {dict(d.labels)}: {vals}")
         return out
@@ -482,7 +482,7 @@ class TestOneServe:
                                   ("sli:batch_fill_rate", {"model": "batcher"}),
                                   ("sli:kv_cache_utilization", {"model": "fake_llm"}),
                                   ("sli:request_rate", {"model": "batcher"})):
-                data = store.range(series, start=now - 15, end=now, match=match)
+                data = store.read(Query(series, start=now - 15, end=now, match=match)).series()
                 assert data and len(data[0].values) >= 8, (series, data)
         no_alert_anywhere(shared)
 

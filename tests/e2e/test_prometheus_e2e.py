@@ -20,7 +20,7 @@ import pytest
 from tests.fixtures_rig import serve_config
 from tests.prometheus_server import Prometheus, free_port, run_prometheus, scrape_config
 from tritonwatch.rig import TritonRig
-from tritonwatch.store import open_store
+from tritonwatch.store import Query, open_store
 
 pytestmark = pytest.mark.triton
 
@@ -105,8 +105,8 @@ def test_prometheus_reads_tritonwatch_and_the_dashboard_has_data(
                     [sample] = instant(prom, f'{exported}{{model="{model}"}}' if model
                                        else exported)
                     value = float(sample["value"][1])
-                    stored = {v for s in store.range(name, start=time.time() - 600,
-                                                     end=time.time() + 60, target="rig")
+                    stored = {v for s in store.read(Query(name, start=time.time() - 600,
+                                                     end=time.time() + 60, target="rig")).series()
                               for v in s.values}
                     assert value in stored, (name, value, sorted(stored)[-5:])
                     assert sample["metric"]["target"] == "rig"

@@ -338,7 +338,7 @@ def test_a_frozen_database_leaves_healthz_and_metrics_answering(postgres_db_url:
     # timed out behind them.  Connecting waits up to 30 s here, so a read hangs for longer than
     # the bounds below whether it holds a pooled connection or opens one.
     store = open_store(postgres_db_url, timeout_s=30)
-    store.create_schema()
+    store.migrations.apply()
     catalogue(store, 2, 10)
     app = create_app(store, api=api(read_workers=4, read_queue=8))
 
@@ -461,7 +461,7 @@ def test_targets_lists_only_configured_targets(store: Store):
 def test_serve_lists_only_the_targets_of_its_config(tmp_path: Path, fake_targets: FakeTargets):
     db = tmp_path / "tw.db"
     with open_store(f"sqlite:///{db}") as store:
-        store.create_schema()
+        store.migrations.apply()
         store.write_health(TargetHealth("removed", "metrics", time.time() - 1122, True, 0.1, 3,
                                         None))
     config = tmp_path / "tw.yaml"

@@ -316,7 +316,7 @@ def test_serve_on_a_read_only_database(tmp_path: Path, read_only: ReadOnly) -> N
     data.mkdir()
     db = data / "tw.db"
     with open_store(f"sqlite:///{db}") as store:
-        store.create_schema()
+        store.migrations.apply()
     for leftover in data.glob("tw.db-*"):
         leftover.unlink()
     read_only(db)

@@ -19,15 +19,17 @@ import pytest
 
 from tests.cli.test_serve import start_serve, wait_for
 from tests.fixtures_http import free_port, serve_fake_targets
+from tests.store_sql import raw_engine
 from tritonwatch.schemas.samples import Sample
-from tritonwatch.store import StoreError, open_store
+from tritonwatch.store import Query, StoreError, open_store
 
 pytestmark = pytest.mark.fault
 
 
 def _stored_scrapes(db: Path) -> int:
     with open_store(f"sqlite:///{db}") as store:
-        return sum(len(s.values) for s in store.range("up", start=0, end=time.time() + 60))
+        return sum(len(s.values) for s in store.read(Query("up", start=0,
+                                                           end=time.time() + 60)).series())
 
 
 def _integrity(db: Path) -> str:
@@ -77,14 +79,14 @@ def test_a_full_sqlite_database_keeps_the_buffer_and_names_the_store(tmp_path: P
     # the same error path as a full disk, without filling the machine's disk.
     db = tmp_path / "tw.db"
     with open_store(f"sqlite:///{db}") as store:
-        store.create_schema()
+        store.migrations.apply()
         store.write("t", 1_000.0, [Sample("g", (), 1.0)])
         store.flush()
         with sqlite3.connect(db) as conn:
             pages = conn.execute("PRAGMA page_count").fetchone()[0]
         store.write("t", 1_001.0, [Sample(f"g{i}", (("k", "v" * 200),), float(i))
                                    for i in range(20_000)])
-        engine = store._engine  # the store's own connections must hit the limit
+        engine = raw_engine(store)  # the store's own connections must hit the limit
 
         from sqlalchemy import event
 

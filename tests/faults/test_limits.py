@@ -40,7 +40,7 @@ from tritonwatch.collector.self_metrics import SelfMetrics
 from tritonwatch.schemas.alerting import AlertingConfig
 from tritonwatch.schemas.config import ConfigError, validate_config
 from tritonwatch.schemas.samples import TargetHealth
-from tritonwatch.store import Store, open_store
+from tritonwatch.store import Query, Store, open_store
 from tritonwatch.store.alerts import AlertStore
 
 TOKEN = "receiver-token-abcdef-0123456789"
@@ -123,14 +123,15 @@ def test_a_scrape_over_sample_limit_fails_whole_with_up_0_and_nothing_stored(sto
     stored = {h.target: h for h in store.health()}
     assert stored["big"].error == "sample limit exceeded (150 > 100)" and not stored["big"].up
     # Nothing of the refused scrapes: only the synthetic series, with up = 0.
-    names = {key.name for key in store.series(target="big")}
+    names = {key.name for key in store.series(Query(target="big"))}
     assert names == {"up", "scrape_duration_seconds", "scrape_samples_scraped"}
-    (up,) = store.range("up", start=0, end=clock.now, target="big")
+    (up,) = store.read(Query("up", start=0, end=clock.now, target="big")).series()
     assert up.values == (0.0, 0.0)
-    (scraped,) = store.range("scrape_samples_scraped", start=0, end=clock.now, target="big")
+    (scraped,) = store.read(Query("scrape_samples_scraped", start=0, end=clock.now,
+                                  target="big")).series()
     assert scraped.values == (150.0, 150.0)
     # The per-target override lets the same body through whole.
-    assert len(store.series("app_requests", target="big-allowed")) == 150
+    assert len(store.series(Query("app_requests", target="big-allowed"))) == 150
 
 
 @pytest.mark.parametrize(
@@ -163,8 +164,8 @@ def test_a_scrape_over_a_label_limit_fails_whole_naming_the_metric(limit, series
     assert [r["bad"].error for r in rounds] == [reason, reason]
     assert all(r["good"].up and not r["bad"].up for r in rounds)
     # Not even the series within the limits: a partial scrape would skew every sum.
-    assert store.series("fine", target="bad") == []
-    assert len(store.series("nv_inference_count", target="good")) == 1
+    assert store.series(Query("fine", target="bad")) == []
+    assert len(store.series(Query("nv_inference_count", target="good"))) == 1
 
 
 def test_limits_are_validated_with_their_key_paths_and_default_bounded():
@@ -217,19 +218,19 @@ def test_series_beyond_series_limit_are_refused_counted_and_warned_once(make_sto
     assert all(r["churny"].up and r["good"].up for r in rounds)  # refusing is not failing
     # 14 series after round 0 (11 + up, duration, samples scraped), 24 after round 1, then 6
     # of round 2's ten new ones fit; rounds 3 and 4 fit none.
-    assert len(store.series(target="churny")) == 30
+    assert len(store.series(Query(target="churny"))) == 30
     refused = metrics.series_refused.labels("churny")._value.get()
     assert refused == 4 + 10 + 10
     # The series it already had keep flowing, every round.
-    (stable,) = store.range("stable", start=0, end=clock.now, target="churny")
-    (up,) = store.range("up", start=0, end=clock.now, target="churny")
+    (stable,) = store.read(Query("stable", start=0, end=clock.now, target="churny")).series()
+    (up,) = store.read(Query("up", start=0, end=clock.now, target="churny")).series()
     assert len(stable.values) == 5 and up.values == (1.0,) * 5
     # One warning naming the target (rate-limited: three flushes refused series).
     warnings = [r.getMessage() for r in caplog.records if "series_limit" in r.getMessage()]
     assert len(warnings) == 1, warnings
     assert "churny" in warnings[0] and "30" in warnings[0]
     # Another target is not touched by it.
-    assert len(store.series("nv_inference_count", target="good")) == 1
+    assert len(store.series(Query("nv_inference_count", target="good"))) == 1
     assert metrics.series_refused.labels("good")._value.get() == 0
 
 
@@ -315,7 +316,7 @@ def test_a_probes_hostile_error_text_is_logged_escaped_and_stored_on_postgres(
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     store = open_store(postgres_db_url)
-    store.create_schema()
+    store.migrations.apply()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}"
         config = validate_config({"nvml": {"enabled": False}, "probes": [
@@ -362,7 +363,7 @@ NUL_LABEL = 'x{a="b\x00c"} 1\n'
 @pytest.mark.postgres
 def test_a_nul_byte_from_a_target_never_freezes_health_on_postgres(postgres_db_url):
     store = open_store(postgres_db_url)
-    store.create_schema()
+    store.migrations.apply()
     try:
         with ExitStack() as stack:
             good = served(stack, OK_BODY)
@@ -390,9 +391,9 @@ def test_a_nul_byte_from_a_target_never_freezes_health_on_postgres(postgres_db_u
         last = seen[-1]
         assert last["good"]["up"] and last["nul-label"]["up"] and not last["nul"]["up"]
         assert "\x00" not in last["nul"]["error"] and "Invalid labels" in last["nul"]["error"]
-        (key,) = store.series("x", target="nul-label")
+        (key,) = store.series(Query("x", target="nul-label"))
         assert dict(key.labels)["a"] == "b\x00c"
-        (x,) = store.range("x", start=0, end=clock.now, target="nul-label")
+        (x,) = store.read(Query("x", start=0, end=clock.now, target="nul-label")).series()
         assert x.values == (1.0, 1.0, 1.0)
     finally:
         store.close()
@@ -452,7 +453,8 @@ def test_a_counter_falling_below_zero_never_gives_a_negative_rate(store):
         rounds = scrape_rounds(Collector(config, store, clock=clock), clock, len(FALLING),
                                store=store, before=before)
     assert all(r["falling"].up for r in rounds)
-    (rate,) = store.range("sli:request_rate", start=0, end=clock.now, target="falling")
+    (rate,) = store.read(Query("sli:request_rate", start=0, end=clock.now,
+                               target="falling")).series()
     t0 = 1_800_000_000.0
     got = dict(zip(rate.ts, rate.values, strict=True))
     assert min(rate.values) >= 0, got

@@ -40,10 +40,11 @@ from sqlalchemy import event
 
 from tests.fixtures_http import FakeTargets, free_port, serve_fake_targets
 from tests.fixtures_pg import running_postgres
+from tests.store_sql import raw_engine
 from tritonwatch import serve as serve_mod
 from tritonwatch.schemas.config import DEFAULT_STORE_URL, validate_config
 from tritonwatch.schemas.samples import Sample, make_labels
-from tritonwatch.store import Store, StoreError, engine, open_store
+from tritonwatch.store import Query, Store, StoreError, engine, open_store
 from tritonwatch.store.maintenance import ROLLUP_GRACE_MS, WATERMARK_5M, get_meta
 from tritonwatch.store.query import ROLLUP_5M_MS
 
@@ -170,7 +171,7 @@ def test_a_store_call_to_a_frozen_postgresql_fails_in_bounded_time_and_keeps_the
     with dedicated_postgres() as (url, pg):
         store = open_store(url, timeout_s=2, statement_timeout_s=2)
         try:
-            store.create_schema()
+            store.migrations.apply()
             store.write("a", 1_700_000_000, [Sample("x", (), 1.0)])
             assert store.flush() == 1  # a pooled connection exists: its ping is what hangs
             store.write("a", 1_700_000_015, [Sample("x", (), 2.0)])
@@ -200,7 +201,7 @@ def test_a_store_call_to_a_frozen_postgresql_fails_in_bounded_time_and_keeps_the
             assert store.buffered == 1  # kept for the next flush
             pg.thaw()
             assert store.flush() == 1
-            (series,) = store.range("x", start=1_699_999_999, end=1_700_000_016)
+            (series,) = store.read(Query("x", start=1_699_999_999, end=1_700_000_016)).series()
             assert list(series.values) == [1.0, 2.0]
         finally:
             pg.thaw()
@@ -223,7 +224,8 @@ def test_serve_ends_within_its_bound_on_a_frozen_postgresql_and_the_next_start_s
             with open_store(url) as reader:
                 # Working normally first: scrapes reach the database.
                 deadline = time.monotonic() + 30
-                while not reader.range("up", start=0, end=time.time() + 60, target="a"):
+                while not reader.read(Query("up", start=0, end=time.time() + 60,
+                                            target="a")).series():
                     assert time.monotonic() < deadline, "no sample was ever flushed"
                     time.sleep(0.5)
             frozen_at = time.time()
@@ -256,7 +258,7 @@ def test_serve_ends_within_its_bound_on_a_frozen_postgresql_and_the_next_start_s
         assert f"from spill file {spilled}" in out
         assert not list((tmp_path / "spill").glob("spill-*"))
         with open_store(url) as store:
-            (up,) = store.range("up", start=started_at - 1, end=ended_at, target="a")
+            (up,) = store.read(Query("up", start=started_at - 1, end=ended_at, target="a")).series()
         # One `up` sample per scrape of the first run, the frozen seconds included (a scrape
         # cut short by the shutdown itself may lack its sample).
         assert len(up.ts) >= scraped - 1, (len(up.ts), scraped)
@@ -296,7 +298,7 @@ def test_sigterm_after_a_missed_run_ends_promptly(tmp_path: Path,
     # The drain did not wait for the missed run (it used to wait the whole drain timeout).
     assert not [m for m in messages if "jobs still running" in m], messages
     assert took < serve_mod.JOB_DRAIN_TIMEOUT_S, took
-    assert stores[0].stopping  # maintenance was told to stop at its next batch
+    assert stores[0].maintenance.stopping  # maintenance was told to stop at its next batch
 
 
 # Rollup over many series: the 5 m rollup of one 6-hour step is one transaction over every
@@ -333,12 +335,13 @@ def _expected(agg: str) -> dict[str, list[float]]:
 
 def _rollups(store: Store, agg: Any) -> dict[str, list[float]]:
     # step = 5 m over completed, rolled-up buckets: served from rollups_5m.
-    data = store.buckets("x", start=T0, end=T0 + HOURS * 3600 - 0.001, step=300, agg=agg)
+    data = store.read(Query("x", start=T0, end=T0 + HOURS * 3600 - 0.001, step=300,
+                            agg=agg)).series()
     return {dict(d.key.labels)["i"]: list(d.values) for d in data}
 
 
 def _watermark(store: Store) -> int | None:
-    with store.sql_engine.connect() as conn:
+    with raw_engine(store).connect() as conn:
         value = get_meta(conn, WATERMARK_5M)
     return None if value is None else int(value)
 
@@ -348,12 +351,12 @@ def _stop_after(store: Store, prefix: str, count: int) -> list[int]:
     shutdown arriving in the middle of a maintenance run, at a known point."""
     seen = [0]
 
-    @event.listens_for(store.sql_engine, "after_cursor_execute")
+    @event.listens_for(raw_engine(store), "after_cursor_execute")
     def _count(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
         if statement.lstrip().upper().startswith(prefix):
             seen[0] += 1
             if seen[0] == count:
-                store.request_stop()
+                store.maintenance.request_stop()
 
     return seen
 
@@ -361,14 +364,14 @@ def _stop_after(store: Store, prefix: str, count: int) -> list[int]:
 def test_a_maintenance_run_over_a_large_store_stops_at_a_batch_boundary_and_resumes_intact(
         store_url: str, caplog: pytest.LogCaptureFixture) -> None:
     store = open_store(store_url)
-    store.create_schema()
+    store.migrations.apply()
     try:
         _fill(store)
         # Stop during the second 6-hour step of the 5 m rollup, after its first batch of series.
         seen = _stop_after(store, "INSERT INTO ROLLUPS_5M", 4)
         now = T0 + HOURS * 3600 + 3600  # every bucket complete
         with caplog.at_level(logging.INFO, logger="tritonwatch.store"):
-            store.rollup(now)
+            store.maintenance.rollup(now)
         assert seen[0] == 4  # it stopped at the next boundary: no further batch started
         assert any("stopped at a batch boundary" in r.getMessage() for r in caplog.records)
         # The first step is committed, the second rolled back whole (its watermark with it).
@@ -382,13 +385,13 @@ def test_a_maintenance_run_over_a_large_store_stops_at_a_batch_boundary_and_resu
     # raw samples are exactly what the data says.
     store = open_store(store_url)
     try:
-        store.rollup(now)
+        store.maintenance.rollup(now)
         # Done up to the last complete bucket (ROLLUP_GRACE_MS before `now`), past the data.
         assert _watermark(store) == (now * 1000 - ROLLUP_GRACE_MS) // ROLLUP_5M_MS * ROLLUP_5M_MS
         for agg in ("sum", "count", "min", "max"):
             assert _rollups(store, agg) == _expected(agg), agg
         assert store.count_samples() == SERIES * HOURS * round(3600 / SPACING)
-        (first,) = store.range("x", start=T0, end=now, match={"i": "7"})
+        (first,) = store.read(Query("x", start=T0, end=now, match={"i": "7"})).series()
         assert list(first.values) == [7 + k * 0.5 for k in range(HOURS * round(3600 / SPACING))]
 
         # Retention stopped after its first batch of deletes keeps everything it did not
@@ -396,9 +399,9 @@ def test_a_maintenance_run_over_a_large_store_stops_at_a_batch_boundary_and_resu
         seen = _stop_after(store, "DELETE FROM SAMPLE_CHUNKS", 1)
         cutoff = T0 + 3 * 3600
         retention = {"raw_s": now + 86400 - cutoff, "rollup_5m_s": 1e9, "rollup_1h_s": 1e9}
-        store.apply_retention(now + 86400, **retention)
+        store.maintenance.apply_retention(now + 86400, **retention)
         assert seen[0] == 1
-        kept = store.range("x", start=T0, end=now)
+        kept = store.read(Query("x", start=T0, end=now)).series()
         assert len(kept) == SERIES
         assert min(len(s.ts) for s in kept) < max(len(s.ts) for s in kept)  # part done
         assert all(s.ts[-1] == T0 + HOURS * 3600 - SPACING for s in kept)  # none past cutoff
@@ -406,8 +409,8 @@ def test_a_maintenance_run_over_a_large_store_stops_at_a_batch_boundary_and_resu
         store.close()
     store = open_store(store_url)
     try:
-        store.apply_retention(now + 86400, **retention)
-        kept = store.range("x", start=T0, end=now)
+        store.maintenance.apply_retention(now + 86400, **retention)
+        kept = store.read(Query("x", start=T0, end=now)).series()
         assert {len(s.ts) for s in kept} == {round((T0 + HOURS * 3600 - cutoff) / SPACING)}
         assert _rollups(store, "sum") == _expected("sum")
     finally:
@@ -447,7 +450,7 @@ def test_a_second_serve_on_one_sqlite_file_exits_naming_the_first(tmp_path: Path
             with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as ro:
                 assert ro.execute("SELECT count(*) FROM series").fetchone()[0] > 0
             with open_store(url) as reader:
-                assert "up" in {k.name for k in reader.series(target="a")}
+                assert "up" in {k.name for k in reader.series(Query(target="a"))}
             assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200
         finally:
             # A crash: no clean release of anything.

@@ -19,6 +19,7 @@ from tritonwatch.collector.jobs import Collector
 from tritonwatch.collector.triton import TritonApi
 from tritonwatch.schemas.config import validate_config
 from tritonwatch.schemas.samples import label_value
+from tritonwatch.store import Query
 
 pytestmark = pytest.mark.triton
 
@@ -73,8 +74,10 @@ def test_fill_rate_in_store_matches_statistics_api(triton_rig, rig_load, store):
     # The stored per-interval fill rates, weighted by each interval's executions, give the
     # window's fill rate.
     match = {"model": "batcher"}
-    (fill,) = store.range("sli:batch_fill_rate", start=0, end=time.time() + 1, match=match)
-    (execs,) = store.range("sli:execution_rate", start=0, end=time.time() + 1, match=match)
+    (fill,) = store.read(Query("sli:batch_fill_rate", start=0, end=time.time() + 1,
+                               match=match)).series()
+    (execs,) = store.read(Query("sli:execution_rate", start=0, end=time.time() + 1,
+                                match=match)).series()
     assert len(fill.values) == 8 and fill.ts == execs.ts
     ts = (fill.ts[0] - 1.0, *fill.ts)  # scrapes are ~1 s apart
     weights = [rate * (ts[i + 1] - ts[i]) for i, rate in enumerate(execs.values)]
@@ -82,10 +85,10 @@ def test_fill_rate_in_store_matches_statistics_api(triton_rig, rig_load, store):
     assert stored == pytest.approx(expected, rel=0.02)
 
     # The raw counters in the store agree as well (reset-aware increase over the window).
-    (inc_count,) = store.increase("nv_inference_count", start=0, end=time.time() + 1,
-                                  match=match)
-    (inc_exec,) = store.increase("nv_inference_exec_count", start=0, end=time.time() + 1,
-                                 match=match)
+    (inc_count,) = store.increase(Query("nv_inference_count", start=0, end=time.time() + 1,
+                                        match=match))
+    (inc_exec,) = store.increase(Query("nv_inference_exec_count", start=0, end=time.time() + 1,
+                                       match=match))
     assert inc_count[1] / inc_exec[1] / 16 == pytest.approx(expected, rel=0.02)
 
 
@@ -115,14 +118,14 @@ def test_kv_cache_utilization_follows_the_model(triton_rig, rig_control, rig_loa
     for fraction, utilization in seen:
         # In-flight requests add a few blocks of their own on top of the configured fraction.
         assert utilization == pytest.approx(fraction, abs=0.05)
-    (series,) = store.range("sli:kv_cache_utilization", start=0, end=time.time() + 1,
-                            match={"model": "fake_llm"})
+    (series,) = store.read(Query("sli:kv_cache_utilization", start=0, end=time.time() + 1,
+                                 match={"model": "fake_llm"})).series()
     assert list(series.values) == [u for _, u in seen]
     # ...and equals used/max of the raw gauges stored from the same scrapes.
     raw = {
         dict(s.labels)["kv_cache_block_type"]: s.values
-        for s in store.range("nv_trt_llm_kv_cache_block_metrics", start=0, end=time.time() + 1,
-                             match={"model": "fake_llm"})
+        for s in store.read(Query("nv_trt_llm_kv_cache_block_metrics", start=0, end=time.time() + 1,
+                                  match={"model": "fake_llm"})).series()
     }
     for i, utilization in enumerate(series.values):
         assert utilization == pytest.approx(raw["used"][i] / raw["max"][i])
@@ -159,15 +162,17 @@ def test_server_restart_gives_no_negative_or_spiking_rates(triton_rig, rig_load,
     assert any(not h.up for h in store.health_log("rig"))
     end = time.time() + 1
     for name in ("sli:request_rate", "sli:inference_rate", "sli:execution_rate"):
-        for series in store.range(name, start=0, end=end):
+        for series in store.read(Query(name, start=0, end=end)).series():
             values = series.values
             assert min(values) >= 0, f"{name} went negative: {values}"
             if label_value(series.labels, "model") == "batcher":
                 # A restart must not be read as one enormous increase.
                 assert max(values) <= 3 * statistics.median(values) + 1, (name, values)
     # The raw counters did reset (so this test really crossed a restart)...
-    (count,) = store.range("nv_inference_count", start=0, end=end, match={"model": "batcher"})
+    (count,) = store.read(Query("nv_inference_count", start=0, end=end,
+                                match={"model": "batcher"})).series()
     assert any(b < a for a, b in zip(count.values, count.values[1:], strict=False))
     # ...and the reset-aware increase over the window is still positive and sane.
-    (inc,) = store.increase("nv_inference_count", start=0, end=end, match={"model": "batcher"})
+    (inc,) = store.increase(Query("nv_inference_count", start=0, end=end,
+                                  match={"model": "batcher"}))
     assert inc[1] >= count.values[-1]

@@ -23,7 +23,7 @@ from tritonwatch.collector.probes.runner import ProbeRunner
 from tritonwatch.rig import TritonRig
 from tritonwatch.schemas.config import validate_config
 from tritonwatch.schemas.probes import ProbeConfig, ProbeResult
-from tritonwatch.store import open_store
+from tritonwatch.store import Query, open_store
 
 pytestmark = pytest.mark.triton
 log = logging.getLogger(__name__)
@@ -235,7 +235,7 @@ def test_scheduled_probes_store_results_and_a_failing_probe_stops_nothing(
         ],
     })
     store = open_store(config.store.url)
-    store.create_schema()
+    store.migrations.apply()
     collector = Collector(config, store)
 
     def _requests(probe: str) -> float:
@@ -264,10 +264,11 @@ def test_scheduled_probes_store_results_and_a_failing_probe_stops_nothing(
     down = store.probe_results(probe="down")
     assert len(good) >= 3 and all(r.ok and r.tokens == 4 for r in good)
     assert len(down) >= 2 and all(r.error_kind == "connect" for r in down)
-    series = store.range("probe:ttft_seconds", start=0, end=2e10, match={"probe": "good"})
+    series = store.read(Query("probe:ttft_seconds", start=0, end=2e10,
+                              match={"probe": "good"})).series()
     assert series and series[0].key.target == "rig"
-    events = store.range("probe:slo_good", start=0, end=2e10,
-                         match={"probe": "good", "sli": "ttft"})
+    events = store.read(Query("probe:slo_good", start=0, end=2e10,
+                              match={"probe": "good", "sli": "ttft"})).series()
     assert events
     reg = collector.metrics.registry
     count = reg.get_sample_value("tritonwatch_probe_ttft_seconds_count",

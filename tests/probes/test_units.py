@@ -129,7 +129,7 @@ def test_config_probes_resolve_targets_and_report_key_paths() -> None:
 
 def test_probe_results_round_trip_through_the_store(tmp_path) -> None:
     store = open_store(f"sqlite:///{tmp_path}/tw.db")
-    store.create_schema()
+    store.migrations.apply()
     ms = 1_000_000
     ok = _rec(0, [40 * ms, 45 * ms]).result(CFG, "t", "a")
     bad = Recorder().failure(CFG, "t", "b", ProbeFailure("server_error", "boom", "500"))

@@ -17,7 +17,7 @@ from tritonwatch.store import Store, open_store
 def filled_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("fortnight") / "tw.db"
     with open_store(f"sqlite:///{path}") as store:
-        store.create_schema()
+        store.migrations.apply()
         syn.fill(store)
     return path
 
@@ -32,6 +32,6 @@ def filled_url(filled_db: Path, tmp_path: Path) -> str:
 @pytest.fixture
 def filled(filled_url: str) -> Iterator[Store]:
     store = open_store(filled_url)
-    store.create_schema()
+    store.migrations.apply()
     yield store
     store.close()

@@ -12,6 +12,7 @@ import pytest
 
 from tests.report import synthetic as syn
 from tests.report.servers import smtp_server, webhook_server
+from tests.store_sql import raw_engine
 from tritonwatch.alerts.report.deliver import send_email, send_webhook, webhook_payload
 from tritonwatch.alerts.report.job import ReportJob
 from tritonwatch.schemas.reports import ReportWebhookConfig, SmtpConfig
@@ -132,15 +133,15 @@ def test_delivery_outcomes_live_in_a_table_added_to_an_existing_database(store: 
 
     from tritonwatch.store.reports import ReportStore
 
-    # A database made before report_deliveries existed: create_schema adds it, nothing lost.
-    with store.sql_engine.begin() as conn:
+    # A database made before report_deliveries existed: migrations.apply() adds it, nothing lost.
+    with raw_engine(store).begin() as conn:
         conn.execute(text("DROP TABLE report_deliveries"))
     reports = ReportStore(store)
     kept = reports.insert(week="2026-W40", config_key="k", timezone="UTC", start=0, end=1,
                           created_at=1, summary={"held": 1},
                           documents={"json": "{}", "html": "<p>", "md": "#"})
     assert kept is not None
-    store.create_schema()
+    store.migrations.apply()
     assert reports.record_delivery(kept, "webhook", False, 10.0) == 1
     assert reports.record_delivery(kept, "smtp", True, 10.0) == 1
     assert [p.channel for p in reports.pending_deliveries(3)] == ["webhook"]

@@ -14,6 +14,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import inspect, text
 
 from tests.report import synthetic as syn
+from tests.store_sql import raw_engine
 from tritonwatch.alerts.report.build import build_report
 from tritonwatch.alerts.report.model import to_json
 from tritonwatch.alerts.report.produce import produce
@@ -81,12 +82,12 @@ def test_a_report_is_kept_once_per_week_and_config(make_store: Callable[..., Sto
 
 def test_an_existing_database_gets_the_reports_table_and_keeps_its_data(filled_url) -> None:
     with open_store(filled_url) as store:
-        with store.sql_engine.begin() as conn:
+        with raw_engine(store).begin() as conn:
             conn.execute(text("DROP TABLE reports"))  # as a database made before reports
-        assert not inspect(store.sql_engine).has_table("reports")
+        assert not inspect(raw_engine(store)).has_table("reports")
         samples = store.count_samples()
-        store.create_schema()
-        assert inspect(store.sql_engine).has_table("reports")
+        store.migrations.apply()
+        assert inspect(raw_engine(store)).has_table("reports")
         assert store.count_samples() == samples
         assert ReportStore(store).list() == []
 

@@ -33,7 +33,7 @@ R = 6  # the JSON's decimals
 def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     path: Path = tmp_path_factory.mktemp("golden")
     store: Store = open_store(f"sqlite:///{path}/tw.db")
-    store.create_schema()
+    store.migrations.apply()
     syn.fill(store)
     try:
         return to_json(build_report(store, syn.config(), syn.SLOS, syn.WEEK, config_key="k",
@@ -167,7 +167,7 @@ def test_advice_is_exactly_the_expected_entries_with_their_numbers(report) -> No
 
 def test_an_empty_week_says_so_instead_of_inventing_numbers(tmp_path: Path) -> None:
     with open_store(f"sqlite:///{tmp_path}/tw.db") as store:
-        store.create_schema()
+        store.migrations.apply()
         data = to_json(build_report(store, syn.config(), syn.SLOS, syn.WEEK, config_key="k"))
     assert [c["stored"] for c in data["completeness"]] == [0, 0]
     assert all(s["state"] == "no_data" and s["sli_week"] is None for s in data["slos"])
@@ -178,7 +178,7 @@ def test_an_empty_week_says_so_instead_of_inventing_numbers(tmp_path: Path) -> N
 
 def test_a_week_in_progress_expects_only_the_scrapes_of_the_hours_passed(tmp_path: Path) -> None:
     store: Store = open_store(f"sqlite:///{tmp_path}/tw.db")
-    store.create_schema()
+    store.migrations.apply()
     syn.fill(store)
     try:
         # 24 hours into W43: 24 * 12 scrapes were due from each target, all stored for a.

@@ -111,7 +111,7 @@ async def _serve_until(config_path: Path, store_url: str, want: int, timeout: fl
         while time.monotonic() < deadline:
             await asyncio.sleep(0.2)
             with open_store(store_url) as s:
-                s.create_schema()
+                s.migrations.apply()
                 if len(ReportStore(s).list()) >= want:
                     break
         await asyncio.sleep(1.0)  # let a (wrong) second production show itself

@@ -29,7 +29,7 @@ from tests.fixtures_http import free_port
 from tests.scale.receivers import PrometheusReceiver, Receiver, VictoriaMetrics, running
 from tests.scale.targets import SimulatedTargets, simulated_targets
 from tritonwatch.collector.remote_write.encode import series_labels
-from tritonwatch.store import open_store
+from tritonwatch.store import Query, open_store
 
 CLI = [sys.executable, "-m", "tritonwatch.cli"]
 TARGETS = ("sim-a", "sim-b", "sim-c")
@@ -107,7 +107,7 @@ def _value(v: float) -> str:
 def _stored(tmp: Path) -> set[Point]:
     store = open_store(f"sqlite:///{tmp / 'data' / 'tw.db'}")
     try:
-        cols = store.select_columns(start=0, end=time.time() + 60)
+        cols = store.read(Query(start=0, end=time.time() + 60))
     finally:
         store.close(flush=False)
     out: set[Point] = set()

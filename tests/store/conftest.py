@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-import tritonwatch.store.store as store_module
+import tritonwatch.store.flush as store_module
 from tritonwatch.store.write import resolve_series
 
 

@@ -24,9 +24,10 @@ from sqlalchemy import func, select
 
 from tests.store.data.make_schema3_db import T as T3
 from tests.store.data.make_schema3_db import value as value3
+from tests.store_sql import raw_engine
 from tritonwatch.schemas import tables as t
 from tritonwatch.schemas.samples import Sample, make_labels
-from tritonwatch.store import Store, open_store, samplelog
+from tritonwatch.store import Query, Store, open_store, samplelog
 from tritonwatch.store import chunks as ck
 from tritonwatch.store.engine import transaction
 from tritonwatch.store.maintenance import COMPACT_REWIND, get_meta, set_meta
@@ -152,16 +153,16 @@ def store(make_store: Callable[..., Store]) -> Store:
 def test_a_stale_marker_survives_a_compressed_chunk_in_the_database(store: Store) -> None:
     store.write("t", T, [Sample("x", make_labels({}), 1.0)])
     store.flush()
-    with transaction(store.sql_engine, write=False) as conn:
+    with transaction(raw_engine(store), write=False) as conn:
         (sid,) = conn.execute(select(t.series.c.id)).scalars()
     ts = T * 1000 + 1000 + np.arange(5, dtype=np.int64) * 15_000
     bits = np.array([0x3FF0000000000000, STALE_NAN, 0x7FF0000000000000, 0xFFF0000000000000,
                      0x8000000000000000], np.uint64)
     packed = ck.compress(ck.encode(np.full(5, sid, np.int64), ts, bits.view(np.float64)))
     assert packed.buf[0] == ck.FORMAT_PCO
-    with transaction(store.sql_engine, write=True) as conn:
+    with transaction(raw_engine(store), write=True) as conn:
         insert_chunks(conn, packed, 10**9)
-    with transaction(store.sql_engine, write=False) as conn:
+    with transaction(raw_engine(store), write=False) as conn:
         m = raw_samples(conn, [sid], lo_ms=int(ts[0]), hi_ms=int(ts[-1]))
     assert m.ts.tolist() == ts.tolist()
     assert _bits(m.values) == bits.tolist()
@@ -170,7 +171,7 @@ def test_a_stale_marker_survives_a_compressed_chunk_in_the_database(store: Store
 def _chunk_formats(store: Store) -> list[tuple[int, bool]]:
     """``(start_ms, raw)`` of every chunk."""
     c = t.sample_chunks.c
-    with transaction(store.sql_engine, write=False) as conn:
+    with transaction(raw_engine(store), write=False) as conn:
         return [(r.start_ms, ck.is_raw(len(r.data), r.n))
                 for r in conn.execute(select(c.start_ms, c.n, c.data).order_by(c.start_ms))]
 
@@ -181,13 +182,13 @@ def test_compaction_compresses_each_hour_and_reads_the_same(store: Store) -> Non
                                              float(k * (i + 1) % 997)) for i in range(3)])
         if k % 20 == 19:
             store.flush()
-            samplelog.transpose(store.sql_engine, gate=nullcontext())
-    before = store.range("x", start=T, end=T + 7200)
+            samplelog.transpose(raw_engine(store), gate=nullcontext())
+    before = store.read(Query("x", start=T, end=T + 7200)).series()
     assert all(raw for _, raw in _chunk_formats(store))
-    store.rollup(T + 7200 + 600)
+    store.maintenance.rollup(T + 7200 + 600)
     formats = _chunk_formats(store)
     assert len(formats) == 6 and not any(raw for _, raw in formats)
-    assert store.range("x", start=T, end=T + 7200) == before
+    assert store.read(Query("x", start=T, end=T + 7200)).series() == before
 
 
 def test_the_previous_versions_sqlite_store_is_upgraded_and_compressed(tmp_path: Path) -> None:
@@ -204,7 +205,7 @@ def test_a_schema_3_store_is_upgraded_and_compressed_on_both_backends(store_url:
     # What schema 3 wrote, built with today's raw writers (its chunks were exactly these
     # bytes): hour chunks compacted raw, chunks moved from the log, and log rows.
     s = open_store(store_url)
-    s.create_schema()
+    s.migrations.apply()
 
     def value(i: int, k: int) -> float:
         return [float(k * 3 if k < 200 else k - 200), float("inf") if k == 9 else k * 0.5,
@@ -215,17 +216,17 @@ def test_a_schema_3_store_is_upgraded_and_compressed_on_both_backends(store_url:
                                   for i in range(3)])
         if k % 40 == 39:
             s.flush()
-            samplelog.transpose(s.sql_engine, gate=nullcontext())
+            samplelog.transpose(raw_engine(s), gate=nullcontext())
             if k == 2 * 240 - 1:
                 # The first two hours into one raw chunk per series, as schema 3 compacted.
-                with transaction(s.sql_engine, write=True) as conn:
+                with transaction(raw_engine(s), write=True) as conn:
                     c = t.sample_chunks.c
                     rows = conn.execute(select(c.series_id, c.start_ms, c.seq, c.n, c.data)).all()
                     m = merge_rows(rows, lo_ms=-(2**62), hi_ms=2**62)
                     conn.execute(t.sample_chunks.delete())
                     insert_chunks(conn, ck.encode(m.ids, m.ts, m.values), max(r[2] for r in rows))
     s.flush()
-    with transaction(s.sql_engine, write=True) as conn:
+    with transaction(raw_engine(s), write=True) as conn:
         set_meta(conn, "schema_version", "3")
     s.close()
     s = open_store(store_url)
@@ -236,26 +237,27 @@ def test_a_schema_3_store_is_upgraded_and_compressed_on_both_backends(store_url:
 
 
 def _check_upgrade(s: Store, t0: int, value: Callable[[int, int], float], *, hours: int) -> None:
-    s.create_schema()
-    with transaction(s.sql_engine, write=False) as conn:
+    s.migrations.apply()
+    with transaction(raw_engine(s), write=False) as conn:
         assert get_meta(conn, "schema_version") == str(t.SCHEMA_VERSION)
         oldest = conn.execute(select(func.min(t.sample_chunks.c.start_ms))).scalar_one()
         assert get_meta(conn, COMPACT_REWIND) == str(oldest // HOUR_MS * HOUR_MS)
     assert any(raw for _, raw in _chunk_formats(s))
 
     def expected() -> None:
-        got = {dict(d.labels)["i"]: d for d in s.range("x", start=t0, end=t0 + hours * 3600)}
+        got = {dict(d.labels)["i"]: d for d in s.read(Query("x", start=t0,
+                                                            end=t0 + hours * 3600)).series()}
         for i in range(3):
             want = [value(i, k) for k in range(hours * 240)]
             assert got[str(i)].ts == tuple(float(t0 + k * 15) for k in range(hours * 240))
             assert _bits(np.array(got[str(i)].values)) == _bits(np.array(want))
 
     expected()  # raw chunks read as they are, before maintenance
-    s.rollup(t0 + hours * 3600 + 600)  # every hour ended 10 minutes ago
+    s.maintenance.rollup(t0 + hours * 3600 + 600)  # every hour ended 10 minutes ago
     formats = _chunk_formats(s)
     assert formats and not any(raw for _, raw in formats), formats
     expected()
-    s.create_schema()  # nothing left to do
+    s.migrations.apply()  # nothing left to do
     expected()
 
 

@@ -15,7 +15,7 @@ import pytest
 from psycopg import sql
 
 from tritonwatch.schemas.samples import Labels, Sample, TargetHealth, make_labels
-from tritonwatch.store import Agg, QueryError, SeriesKey, Store, StoreError
+from tritonwatch.store import Agg, Query, QueryError, SeriesKey, Store, StoreError
 
 # Real-looking times: series record when they were last resolved in wall-clock time, and
 # retention compares that with `now`.  T0 is an hour boundary three days ago.
@@ -90,12 +90,12 @@ def test_round_trip_keeps_values_and_hostile_labels_exactly(store: Store) -> Non
     assert store.flush() == len(values)
     assert store.buffered == 0
 
-    (data,) = store.range("g", start=T0, end=T0 + 3600)
+    (data,) = store.read(Query("g", start=T0, end=T0 + 3600)).series()
     assert data.key == SeriesKey("triton-a:8002", "g", HOSTILE)
     assert data.values == tuple(values)
     assert data.ts == tuple(T0 + i * SCRAPE for i in range(len(values)))
     # The labels went in as data: the table they name is still there.
-    assert store.series("g", match={"model": "x'); DROP TABLE samples;--"}) == [data.key]
+    assert store.series(Query("g", match={"model": "x'); DROP TABLE samples;--"})) == [data.key]
 
 
 def test_range_is_inclusive_and_filters_by_target_and_labels(store: Store) -> None:
@@ -105,17 +105,18 @@ def test_range_is_inclusive_and_filters_by_target_and_labels(store: Store) -> No
             scrape(store, target, T0 + i * SCRAPE, {("c", a): i, ("c", b): 10 + i, ("d", a): 0})
     store.flush()
 
-    ranged = store.range("c", start=T0 + SCRAPE, end=T0 + 3 * SCRAPE, target="t1")
+    ranged = store.read(Query("c", start=T0 + SCRAPE, end=T0 + 3 * SCRAPE, target="t1")).series()
     assert [(d.target, d.labels) for d in ranged] == [("t1", a), ("t1", b)]
     assert ranged[0].values == (1.0, 2.0, 3.0)  # both ends included
-    assert [d.labels for d in store.range("c", start=T0, end=T0 + 60, match={"version": "2"})] == [
+    assert [d.labels for d in store.read(Query("c", start=T0, end=T0 + 60,
+                                               match={"version": "2"})).series()] == [
         b,
         b,
     ]
     # As in PromQL, an empty matcher selects series without that label.
-    assert {k.labels for k in store.series("c", match={"version": ""})} == {a}
-    assert store.range("c", start=T0 + 600, end=T0 + 700) == []
-    assert store.range("nope", start=T0, end=T0 + 60) == []
+    assert {k.labels for k in store.series(Query("c", match={"version": ""}))} == {a}
+    assert store.read(Query("c", start=T0 + 600, end=T0 + 700)).series() == []
+    assert store.read(Query("nope", start=T0, end=T0 + 60)).series() == []
 
 
 def test_series_are_unique_whatever_the_label_order_and_writer(make_store) -> None:
@@ -129,7 +130,7 @@ def test_series_are_unique_whatever_the_label_order_and_writer(make_store) -> No
     second.flush()
 
     assert first.series() == [SeriesKey("t", "x", sorted_labels)]
-    (data,) = second.range("x", start=T0, end=T0 + 60)
+    (data,) = second.read(Query("x", start=T0, end=T0 + 60)).series()
     assert data.values == (1.0, 2.0, 3.0)
 
 
@@ -138,7 +139,7 @@ def test_duplicate_samples_keep_the_last_value_written(store: Store) -> None:
     store.flush()
     store.write("t", T0, [Sample("g", (), 3.0)])  # a re-sent scrape replaces, never fails
     store.flush()
-    assert store.range("g", start=T0, end=T0)[0].values == (3.0,)
+    assert store.read(Query("g", start=T0, end=T0)).series()[0].values == (3.0,)
 
 
 def test_nan_is_skipped_and_infinities_are_kept(store: Store, caplog) -> None:
@@ -149,7 +150,7 @@ def test_nan_is_skipped_and_infinities_are_kept(store: Store, caplog) -> None:
     assert n == 2
     assert store.flush() == 2
     assert [k.name for k in store.series()] == ["h", "i"]
-    assert store.range("h", start=T0, end=T0)[0].values == (math.inf,)
+    assert store.read(Query("h", start=T0, end=T0)).series()[0].values == (math.inf,)
     assert "skipped 1 NaN" in caplog.text
 
 
@@ -172,23 +173,25 @@ def test_increase_and_rate_count_a_reset_as_a_restart_from_zero(store: Store) ->
     store.flush()
 
     end = T0 + 10 * SCRAPE
-    inc = by_key(store.increase("requests_total", start=T0, end=end))
+    inc = by_key(store.increase(Query("requests_total", start=T0, end=end)))
     key = SeriesKey("t", "requests_total", ())
     assert inc == {key: 10 + 20 + 5 + 20 + 15}
-    assert by_key(store.rate("requests_total", start=T0, end=end))[key] == pytest.approx(70 / 75)
+    assert by_key(store.rate(Query("requests_total", start=T0,
+                                   end=end)))[key] == pytest.approx(70 / 75)
     # Only the samples inside the window count: 130 -> 5 (reset) -> 25.
-    assert by_key(store.increase("requests_total", start=T0 + 30, end=T0 + 60)) == {key: 25.0}
+    assert by_key(store.increase(Query("requests_total", start=T0 + 30,
+                                       end=T0 + 60))) == {key: 25.0}
     # One sample is no increase at all, not zero.
-    assert store.increase("single", start=T0, end=end) == []
+    assert store.increase(Query("single", start=T0, end=end)) == []
 
 
 def test_a_counter_below_zero_never_gives_a_negative_increase(store: Store) -> None:
     for i, v in enumerate([10.0, 20.0, -50.0, -60.0]):  # was -100 before the clamp
         scrape(store, "t", T0 + i * SCRAPE, {("requests_total", ()): v})
     store.flush()
-    (inc,) = store.increase("requests_total", start=T0, end=T0 + 10 * SCRAPE)
+    (inc,) = store.increase(Query("requests_total", start=T0, end=T0 + 10 * SCRAPE))
     assert inc[1] >= 0.0
-    (rate,) = store.rate("requests_total", start=T0, end=T0 + 10 * SCRAPE)
+    (rate,) = store.rate(Query("requests_total", start=T0, end=T0 + 10 * SCRAPE))
     assert rate[1] >= 0.0
 
 
@@ -205,13 +208,15 @@ def test_series_appearing_and_disappearing(store: Store) -> None:
     def models(results) -> list[str]:
         return [dict(data.labels)["model"] for data in results]
 
-    assert models(store.range("c", start=T0, end=T0 + 2 * SCRAPE)) == ["old"]
-    assert models(store.range("c", start=T0 + 5 * SCRAPE, end=T0 + 7 * SCRAPE)) == ["new"]
-    inc = {dict(k.labels)["model"]: v for k, v in store.increase("c", start=T0, end=T0 + 600)}
+    assert models(store.read(Query("c", start=T0, end=T0 + 2 * SCRAPE)).series()) == ["old"]
+    assert models(store.read(Query("c", start=T0 + 5 * SCRAPE,
+                                   end=T0 + 7 * SCRAPE)).series()) == ["new"]
+    inc = {dict(k.labels)["model"]: v for k, v in store.increase(Query("c", start=T0,
+                                                                       end=T0 + 600))}
     assert inc == {"old": 40.0, "new": 4.0}
-    (old_buckets,) = store.buckets(
+    (old_buckets,) = store.read(Query(
         "c", start=T0, end=T0 + 600, step=60, agg="count", match={"model": "old"}
-    )
+    )).series()
     assert sum(old_buckets.values) == 5
 
 
@@ -244,7 +249,7 @@ def test_buckets_aggregate_each_step_like_a_reference(store: Store, agg: Agg) ->
         scrape(store, "t", ts, {("g", ()): v})
     store.flush()
 
-    (data,) = store.buckets("g", start=T0, end=T0 + 3600, step=60, agg=agg)
+    (data,) = store.read(Query("g", start=T0, end=T0 + 3600, step=60, agg=agg)).series()
     expected_ts, expected = _reference_buckets(points, 60, agg)
     assert data.ts == expected_ts
     assert data.values == pytest.approx(expected)
@@ -270,29 +275,32 @@ def test_buckets_read_from_rollups_equal_buckets_from_raw(store: Store, step: in
     _fill_hours(store, 3)
     end = T0 + 3 * 3600 - 0.001
     aggs: list[Agg] = ["avg", "min", "max", "sum", "count", "last"]
-    from_raw = {agg: store.buckets("g", start=T0, end=end, step=step, agg=agg) for agg in aggs}
+    from_raw = {agg: store.read(Query("g", start=T0, end=end, step=step,
+                                      agg=agg)).series() for agg in aggs}
     assert len(from_raw["count"]) == 3
 
     # Roll up the first two hours only: buckets then come from 1 h rows, 5 m rows and raw.
-    assert store.rollup(T0 + 2 * 3600 + 150) > 0
+    assert store.maintenance.rollup(T0 + 2 * 3600 + 150) > 0
     for agg in aggs:
-        assert store.buckets("g", start=T0, end=end, step=step, agg=agg) == from_raw[agg], agg
+        assert store.read(Query("g", start=T0, end=end, step=step,
+                                agg=agg)).series() == from_raw[agg], agg
 
     # Delete the raw samples that were rolled up: the answer must not change, so it came from
     # the rollups.
     now = time.time() + 2 * 86400
-    assert store.apply_retention(now, raw_s=86400, rollup_5m_s=30 * 86400, rollup_1h_s=1e8) > 0
-    assert store.range("g", start=T0, end=T0 + 2 * 3600 - 1) == []
+    assert store.maintenance.apply_retention(
+        now, raw_s=86400, rollup_5m_s=30 * 86400, rollup_1h_s=1e8) > 0
+    assert store.read(Query("g", start=T0, end=T0 + 2 * 3600 - 1)).series() == []
     for agg in aggs:
-        again = store.buckets("g", start=T0, end=end, step=step, agg=agg)
+        again = store.read(Query("g", start=T0, end=end, step=step, agg=agg)).series()
         assert again == from_raw[agg], agg
 
 
 def test_rollup_is_incremental(store: Store) -> None:
     _fill_hours(store, 1)
-    first = store.rollup(T0 + 3600 + 150)
+    first = store.maintenance.rollup(T0 + 3600 + 150)
     assert first == 3 * 12 + 3  # twelve 5 m rows and one 1 h row per series
-    assert store.rollup(T0 + 3600 + 150) == 0  # nothing new completed
+    assert store.maintenance.rollup(T0 + 3600 + 150) == 0  # nothing new completed
 
 
 # --- retention -----------------------------------------------------------------------------
@@ -306,28 +314,29 @@ def test_retention_deletes_only_old_data_and_empty_series(make_store) -> None:
         s.write("t", old + i * SCRAPE, [Sample("gone", (), float(i)), Sample("kept", (), 1.0)])
         s.write("t", recent + i * SCRAPE, [Sample("kept", (), 2.0)])
     s.flush()
-    s.rollup(now)
+    s.maintenance.rollup(now)
 
-    deleted = s.apply_retention(now, raw_s=86400, rollup_5m_s=86400, rollup_1h_s=86400)
+    deleted = s.maintenance.apply_retention(now, raw_s=86400, rollup_5m_s=86400, rollup_1h_s=86400)
     assert deleted >= 40  # the 40 old raw samples, plus their rollup rows
     assert [k.name for k in s.series()] == ["kept"]
-    (kept,) = s.range("kept", start=old, end=now)
+    (kept,) = s.read(Query("kept", start=old, end=now)).series()
     assert kept.values == (2.0,) * 20
-    assert s.range("gone", start=old, end=now) == []
+    assert s.read(Query("gone", start=old, end=now)).series() == []
     # Retention is idempotent: nothing more to delete.
-    assert s.apply_retention(now, raw_s=86400, rollup_5m_s=86400, rollup_1h_s=86400) == 0
+    assert s.maintenance.apply_retention(now,
+                                         raw_s=86400, rollup_5m_s=86400, rollup_1h_s=86400) == 0
     # A series deleted by retention comes back as a new one when it reappears.
     s.write("t", now, [Sample("gone", (), 5.0)])
     s.flush()
-    assert s.range("gone", start=now - 1, end=now + 1)[0].values == (5.0,)
+    assert s.read(Query("gone", start=now - 1, end=now + 1)).series()[0].values == (5.0,)
 
 
 def test_retention_keeps_raw_samples_not_rolled_up_yet(store: Store) -> None:
     store.write("t", T0, [Sample("g", (), 1.0)])
     store.flush()
     now = time.time() + 2 * 86400
-    assert store.apply_retention(now, raw_s=60, rollup_5m_s=60, rollup_1h_s=60) == 0
-    assert store.range("g", start=T0, end=T0)[0].values == (1.0,)
+    assert store.maintenance.apply_retention(now, raw_s=60, rollup_5m_s=60, rollup_1h_s=60) == 0
+    assert store.read(Query("g", start=T0, end=T0)).series()[0].values == (1.0,)
 
 
 # --- failures ------------------------------------------------------------------------------
@@ -350,8 +359,8 @@ def test_failed_flush_keeps_the_buffer_and_a_later_flush_retries(make_store, out
 
     assert s.flush() == 3
     assert s.buffered == 0
-    assert s.range("g", start=T0, end=T0 + 60)[0].values == (1.0, 2.0, 4.0)
-    assert s.range("new", start=T0, end=T0 + 60)[0].values == (3.0,)
+    assert s.read(Query("g", start=T0, end=T0 + 60)).series()[0].values == (1.0, 2.0, 4.0)
+    assert s.read(Query("new", start=T0, end=T0 + 60)).series()[0].values == (3.0,)
 
 
 def test_buffer_is_bounded_during_an_outage(make_store, outage, caplog) -> None:
@@ -364,7 +373,7 @@ def test_buffer_is_bounded_during_an_outage(make_store, outage, caplog) -> None:
     assert "automatic flush failed" in caplog.text
     assert "dropped the oldest" in caplog.text
     assert s.flush() == 100
-    (m0,) = s.range("m0", start=T0, end=T0 + 3600)
+    (m0,) = s.read(Query("m0", start=T0, end=T0 + 3600)).series()
     assert m0.values == tuple(float(i) for i in range(5, 15))
 
 
@@ -395,8 +404,8 @@ def test_two_stores_creating_the_same_series_at_once_both_succeed(make_store) ->
     for th in threads:
         th.join(timeout=120)
     assert errors == []
-    assert len(stores[0].series("c")) == rounds * width
-    data = stores[1].range("c", start=T0, end=T0 + 1)
+    assert len(stores[0].series(Query("c"))) == rounds * width
+    data = stores[1].read(Query("c", start=T0, end=T0 + 1)).series()
     assert len(data) == rounds * width
     assert {d.values for d in data} == {(0.0, 1.0)}
 
@@ -443,8 +452,8 @@ def test_model_configs_are_replaced_per_target_and_model(store: Store) -> None:
 def test_create_schema_is_idempotent(store: Store) -> None:
     store.write("t", T0, [Sample("g", (), 1.0)])
     store.flush()
-    store.create_schema()
-    assert store.range("g", start=T0, end=T0)[0].values == (1.0,)
+    store.migrations.apply()
+    assert store.read(Query("g", start=T0, end=T0)).series()[0].values == (1.0,)
 
 
 @pytest.mark.parametrize(
@@ -460,6 +469,6 @@ def test_create_schema_is_idempotent(store: Store) -> None:
 def test_bad_query_arguments_raise_query_error(store: Store, kwargs, message) -> None:
     args = {"step": 60, "agg": "avg", **kwargs}
     with pytest.raises(QueryError, match=message):
-        store.buckets("g", **args)
+        store.read(Query("g", **args)).series()
     with pytest.raises(ValueError, match="positive"):
-        store.apply_retention(T0, raw_s=0, rollup_5m_s=1, rollup_1h_s=1)
+        store.maintenance.apply_retention(T0, raw_s=0, rollup_5m_s=1, rollup_1h_s=1)

@@ -10,8 +10,9 @@ from collections.abc import Callable
 import psycopg
 import pytest
 
+from tests.store_sql import raw_engine
 from tritonwatch.schemas.samples import Sample
-from tritonwatch.store import Store, open_store
+from tritonwatch.store import Query, Store, open_store
 from tritonwatch.store.engine import transaction
 from tritonwatch.store.maintenance import _PG_LOCK_ROLLUP, WATERMARK_5M, watermarks
 from tritonwatch.store.query import ROLLUP_1H_MS, ROLLUP_5M_MS
@@ -35,13 +36,13 @@ def write(store: Store, start: float, end: float, target: str = "a") -> None:
 
 
 def marks(store: Store) -> dict[int, int]:
-    with transaction(store.sql_engine, write=False) as conn:
+    with transaction(raw_engine(store), write=False) as conn:
         return watermarks(conn)
 
 
 def counts(store: Store, step: float, end: float = T + 3600 - 0.001) -> dict[float, float]:
     """Samples per ``step`` bucket; steps of 5 m / 1 h are served from the rollups."""
-    (data,) = store.buckets("x", start=T, end=end, step=step, agg="count")
+    (data,) = store.read(Query("x", start=T, end=end, step=step, agg="count")).series()
     return dict(zip(data.ts, data.values, strict=True))
 
 
@@ -49,24 +50,25 @@ def test_samples_buffered_through_an_outage_are_rolled_up(store: Store) -> None:
     # Normal operation: the first 5 minutes are flushed and rolled up.
     write(store, T, T + 300)
     store.flush()
-    store.rollup(T + 600)
+    store.maintenance.rollup(T + 600)
     assert marks(store)[ROLLUP_5M_MS] == (T + 300) * 1000
     # Database outage: ten minutes stay in the buffer, while the maintenance job (which does
     # not need the buffer) moves the watermark past them.
     write(store, T + 300, T + 900)
-    store.rollup(T + 1200)
+    store.maintenance.rollup(T + 1200)
     assert marks(store)[ROLLUP_5M_MS] == (T + 900) * 1000
     # The database is back: the flush moves the watermark back, in its own transaction.
     store.flush()
     assert marks(store)[ROLLUP_5M_MS] == (T + 300) * 1000
     assert counts(store, 300, T + 899) == {T: 20, T + 300: 20, T + 600: 20}  # raw after the mark
-    store.rollup(T + 1500)
+    store.maintenance.rollup(T + 1500)
     assert marks(store)[ROLLUP_5M_MS] == (T + 1200) * 1000
     assert counts(store, 300, T + 899) == {T: 20, T + 300: 20, T + 600: 20}
 
     # Raw retention then deletes them: the rollups hold every one.
-    store.apply_retention(T + 1200 + 86400, raw_s=86400, rollup_5m_s=1e8, rollup_1h_s=1e8)
-    assert store.range("x", start=T, end=T + 899) == []
+    store.maintenance.apply_retention(T + 1200 + 86400,
+                                      raw_s=86400, rollup_5m_s=1e8, rollup_1h_s=1e8)
+    assert store.read(Query("x", start=T, end=T + 899)).series() == []
     assert counts(store, 300, T + 899) == {T: 20, T + 300: 20, T + 600: 20}
 
 
@@ -74,16 +76,18 @@ def test_retention_keeps_late_samples_until_rolled_up(make_store: Callable[[], S
     store, late = make_store(), make_store()  # a second collector on the same database
     write(store, T, T + 600)
     store.flush()
-    store.rollup(T + 900)
+    store.maintenance.rollup(T + 900)
     late.write("b", T + 100, [Sample("x", (), 1.0)])
     late.flush()
     # Before the next rollup, retention must leave the late sample (and its bucket) alone.
-    store.apply_retention(T + 900 + 86400, raw_s=86400, rollup_5m_s=1e8, rollup_1h_s=1e8)
-    assert [len(d.values) for d in store.range("x", start=T, end=T + 299)] == [20, 1]
-    store.rollup(T + 900)
-    store.apply_retention(T + 900 + 86400, raw_s=86400, rollup_5m_s=1e8, rollup_1h_s=1e8)
-    assert store.range("x", start=T, end=T + 599) == []
-    (a, b) = store.buckets("x", start=T, end=T + 599, step=300, agg="count")
+    store.maintenance.apply_retention(T + 900 + 86400,
+                                      raw_s=86400, rollup_5m_s=1e8, rollup_1h_s=1e8)
+    assert [len(d.values) for d in store.read(Query("x", start=T, end=T + 299)).series()] == [20, 1]
+    store.maintenance.rollup(T + 900)
+    store.maintenance.apply_retention(T + 900 + 86400,
+                                      raw_s=86400, rollup_5m_s=1e8, rollup_1h_s=1e8)
+    assert store.read(Query("x", start=T, end=T + 599)).series() == []
+    (a, b) = store.read(Query("x", start=T, end=T + 599, step=300, agg="count")).series()
     assert (a.target, a.values) == ("a", (20.0, 20.0))
     assert (b.target, b.values) == ("b", (1.0,))
 
@@ -94,7 +98,7 @@ def test_a_second_writers_late_flush_rewinds_the_hour_too(
     first, second = make_store(), make_store()
     write(first, T, T + 3600)
     first.flush()
-    first.rollup(T + 3600 + 600)
+    first.maintenance.rollup(T + 3600 + 600)
     assert marks(first) == {ROLLUP_5M_MS: (T + 3900) * 1000, ROLLUP_1H_MS: (T + 3600) * 1000}
     assert counts(first, 3600) == {T: 240}
 
@@ -104,13 +108,14 @@ def test_a_second_writers_late_flush_rewinds_the_hour_too(
     assert marks(first) == {ROLLUP_5M_MS: (T + 900) * 1000, ROLLUP_1H_MS: T * 1000}
     assert counts(first, 3600) == {T: 241}  # served from 5 m rows and raw meanwhile
 
-    first.rollup(T + 3600 + 600)
+    first.maintenance.rollup(T + 3600 + 600)
     assert marks(first) == {ROLLUP_5M_MS: (T + 3900) * 1000, ROLLUP_1H_MS: (T + 3600) * 1000}
     assert counts(first, 3600) == {T: 241}  # the 1 h rollup row
     assert counts(first, 300)[T + 900] == 21  # the 5 m rollup row
     # Everything came from the rollups: they survive the raw samples.
-    first.apply_retention(T + 3600 + 86400, raw_s=86400, rollup_5m_s=1e8, rollup_1h_s=1e8)
-    assert first.range("x", start=T, end=T + 3599) == []
+    first.maintenance.apply_retention(T + 3600 + 86400,
+                                      raw_s=86400, rollup_5m_s=1e8, rollup_1h_s=1e8)
+    assert first.read(Query("x", start=T, end=T + 3599)).series() == []
     assert counts(first, 3600) == {T: 241}
     assert counts(first, 300)[T + 900] == 21
 
@@ -118,11 +123,12 @@ def test_a_second_writers_late_flush_rewinds_the_hour_too(
 def test_late_samples_behind_raw_retention_never_overwrite_rollups(store: Store) -> None:
     write(store, T, T + 3600)
     store.flush()
-    store.rollup(T + 3600 + 600)
+    store.maintenance.rollup(T + 3600 + 600)
     # Retention cuts the raw samples in the middle of the bucket [T+900, T+1200).
-    store.apply_retention(T + 1000 + 86400, raw_s=86400, rollup_5m_s=1e8, rollup_1h_s=1e8)
-    assert store.range("x", start=T, end=T + 999) == []
-    assert len(store.range("x", start=T + 1000, end=T + 1199)[0].values) == 13
+    store.maintenance.apply_retention(T + 1000 + 86400,
+                                      raw_s=86400, rollup_5m_s=1e8, rollup_1h_s=1e8)
+    assert store.read(Query("x", start=T, end=T + 999)).series() == []
+    assert len(store.read(Query("x", start=T + 1000, end=T + 1199)).series()[0].values) == 13
     before = counts(store, 300)
     assert set(before.values()) == {20.0}
 
@@ -132,7 +138,7 @@ def test_late_samples_behind_raw_retention_never_overwrite_rollups(store: Store)
     store.write("a", T + 10, [Sample("x", (), 1.0)])
     store.flush()
     assert marks(store)[ROLLUP_5M_MS] >= (T + 1200) * 1000
-    store.rollup(T + 3600 + 600)
+    store.maintenance.rollup(T + 3600 + 600)
     assert counts(store, 300) == before
     assert counts(store, 3600) == {T: 240}
 
@@ -145,11 +151,11 @@ def test_a_late_flush_waits_for_a_rollup_in_progress_on_another_process(
     # before our samples of T+400 were committed: it cannot see them.  Our flush must wait for
     # it and then move the watermark it committed back, not compare against the old one.
     store = open_store(postgres_db_url)
-    store.create_schema()
+    store.migrations.apply()
     try:
         write(store, T, T + 300)
         store.flush()
-        store.rollup(T + 600)
+        store.maintenance.rollup(T + 600)
         assert marks(store)[ROLLUP_5M_MS] == (T + 300) * 1000
         with psycopg.connect(postgres_db_url) as other:
             other.execute("SELECT pg_advisory_xact_lock(%s)", (_PG_LOCK_ROLLUP,))

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 
 from tritonwatch.schemas.samples import Sample, TargetHealth, make_labels
-from tritonwatch.store import SeriesColumns, SeriesKey, Store
+from tritonwatch.store import Query, SeriesColumns, SeriesKey, Store
 from tritonwatch.store.errors import LimitExceeded, QueryError
 
 T0 = (int(time.time()) // 3600 - 48) * 3600.0  # an hour boundary two days ago
@@ -40,15 +40,15 @@ def test_pages_of_series_add_up_to_every_series_once(store: Store) -> None:
             after = page[-1]
         assert len(pages) == len(every) == 24 and set(pages) == every, size
         assert [(k.target, k.name) for k in pages] == sorted((k.target, k.name) for k in pages)
-    assert {k.target for k in store.series_page("y", target="b", limit=100)} == {"b"}
-    assert len(store.series_page("y", target="b", limit=100)) == len(LABELS)
+    assert {k.target for k in store.series_page(Query("y", target="b"), limit=100)} == {"b"}
+    assert len(store.series_page(Query("y", target="b"), limit=100)) == len(LABELS)
 
 
 def _buckets(store: Store, *, end: float, step: float = 60.0,
              match: dict[str, str] | None = None, max_series: int | None = None,
              max_samples: int | None = None) -> SeriesColumns:
-    return store.bucket_columns("g", start=T0, end=end, step=step, agg="avg", match=match,
-                                max_series=max_series, max_samples=max_samples)
+    return store.read(Query("g", start=T0, end=end, step=step, agg="avg", match=match,
+                            max_series=max_series, max_samples=max_samples))
 
 
 def test_more_series_than_allowed_is_refused(store: Store) -> None:
@@ -70,7 +70,7 @@ def test_samples_are_counted_before_they_are_read(store: Store) -> None:
         store.write("t", T0 + 15 * k, [Sample("g", (), float(k))])
         if k == 239:
             store.flush()
-            store.rollup(T0 + 7200)
+            store.maintenance.rollup(T0 + 7200)
     store.flush()
     end = T0 + 7199
     assert len(_buckets(store, end=end, max_samples=480).values) == 120

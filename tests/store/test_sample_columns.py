@@ -1,5 +1,6 @@
 """``store.write.sample_columns`` (a flush's samples grouped per series without sorting)
-against the general path, ``Store._sorted_columns`` (every sample lexsorted by id and time)."""
+against the general path, ``SampleWriter._sorted_columns`` (every sample lexsorted by id and
+time)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import tritonwatch.store.store as store_module
+import tritonwatch.store.flush as store_module
 from tritonwatch.schemas.samples import Labels, make_labels
-from tritonwatch.store import Store
+from tritonwatch.store import Query, Store
+from tritonwatch.store.flush import SampleWriter
 from tritonwatch.store.write import Layout, sample_columns, target_groups
 
 
@@ -53,7 +55,7 @@ def flushes(draw: st.DrawFn) -> list[tuple[Layout, int, np.ndarray, int]]:
 @given(flushes())
 def test_grouped_columns_hold_the_same_samples_as_the_sorted_ones(work) -> None:
     fast = sample_columns([(lay, ts, values) for lay, ts, values, _ in work])
-    slow = Store._sorted_columns(work)
+    slow = SampleWriter._sorted_columns(work)
     if fast is None:
         # Declined only for what needs the sort: two layouts of one target, a layout's scrapes
         # out of time order, or a series listed twice.
@@ -157,8 +159,8 @@ def _stored(
     for key in s.series():
         if not key.target.startswith(prefix):
             continue
-        for data in s.range(key.name, start=0, end=2e9, target=key.target,
-                            match=dict(key.labels)):
+        for data in s.read(Query(key.name, start=0, end=2e9, target=key.target,
+                                 match=dict(key.labels))).series():
             got[(data.key.target.removeprefix(prefix), data.key.name, data.key.labels)] = (
                 list(data.ts), list(data.values))
     return got

@@ -11,9 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlalchemy import func, select, text
 
+from tests.store_sql import raw_engine
 from tritonwatch.schemas import tables as t
 from tritonwatch.schemas.samples import Sample, make_labels
-from tritonwatch.store import Store, samplelog
+from tritonwatch.store import Query, Store, samplelog
 from tritonwatch.store.chunks import encode, last_writes, sort_keep_last
 from tritonwatch.store.engine import transaction
 from tritonwatch.store.write import insert_chunks, next_seq
@@ -22,14 +23,14 @@ T = 1_795_798_800  # an aligned hour
 
 
 def _table_counts(store: Store) -> tuple[int, int]:
-    with transaction(store.sql_engine, write=False) as conn:
+    with transaction(raw_engine(store), write=False) as conn:
         log_rows = conn.execute(select(func.count()).select_from(t.sample_log)).scalar_one()
         chunk_rows = conn.execute(select(func.count()).select_from(t.sample_chunks)).scalar_one()
     return int(log_rows), int(chunk_rows)
 
 
 def _move(store: Store) -> int:
-    return samplelog.transpose(store.sql_engine, gate=nullcontext())
+    return samplelog.transpose(raw_engine(store), gate=nullcontext())
 
 
 @st.composite
@@ -104,14 +105,14 @@ def test_a_flush_writes_one_log_row_per_target_and_moving_it_changes_no_answer(
     assert store.flush() == 600
     assert _table_counts(store) == (3, 0)  # 150 series of one name, 600 samples: three rows
     assert store.count_samples() == 600
-    before = store.range("x", start=T, end=T + 3600)
+    before = store.read(Query("x", start=T, end=T + 3600)).series()
     assert len(before) == 150 and all(len(d.values) == 4 for d in before)
-    assert store.buckets("x", start=T, end=T + 59, step=60, agg="sum", target="b")
+    assert store.read(Query("x", start=T, end=T + 59, step=60, agg="sum", target="b")).series()
 
     assert _move(store) == 600
     assert _table_counts(store) == (0, 150)  # one chunk per series
     assert store.count_samples() == 600
-    assert store.range("x", start=T, end=T + 3600) == before
+    assert store.read(Query("x", start=T, end=T + 3600)).series() == before
     assert _move(store) == 0
 
 
@@ -123,19 +124,19 @@ def test_the_last_write_wins_across_the_log_and_the_chunks(make_store) -> None:
     _move(one)
     two.write("t", T, [Sample("x", (), 2.0)])  # a later write of the same timestamp
     two.flush()
-    (data,) = one.range("x", start=T, end=T + 60)
+    (data,) = one.read(Query("x", start=T, end=T + 60)).series()
     assert data.values == (2.0, 1.0)
     one.write("t", T, [Sample("x", (), 3.0)])
     one.flush()  # two log rows now, of two flushes
-    (data,) = two.range("x", start=T, end=T + 60)
+    (data,) = two.read(Query("x", start=T, end=T + 60)).series()
     assert data.values == (3.0, 1.0)
     _move(two)
     assert _table_counts(one) == (0, 2)
-    (data,) = one.range("x", start=T, end=T + 60)
+    (data,) = one.read(Query("x", start=T, end=T + 60)).series()
     assert data.values == (3.0, 1.0)
     two.write("t", T, [Sample("x", (), 4.0)])
     two.flush()
-    (data,) = one.range("x", start=T, end=T + 60)
+    (data,) = one.read(Query("x", start=T, end=T + 60)).series()
     assert data.values == (4.0, 1.0)
 
 
@@ -147,7 +148,7 @@ def test_moving_in_small_transactions_moves_whole_targets(
         for target in ("a", "b", "c", "d"):
             store.write(target, T + k * 15, [Sample("x", (), float(k)), Sample("y", (), 1.0)])
         store.flush()
-    before = store.range("x", start=T, end=T + 60)
+    before = store.read(Query("x", start=T, end=T + 60)).series()
     assert _table_counts(store) == (24, 0)  # per target, name and flush
     transactions = 0
     real = samplelog._move
@@ -162,19 +163,19 @@ def test_moving_in_small_transactions_moves_whole_targets(
     assert _move(store) == 24
     assert transactions == 2
     assert _table_counts(store) == (0, 8)
-    assert store.range("x", start=T, end=T + 60) == before
+    assert store.read(Query("x", start=T, end=T + 60)).series() == before
 
 
 def test_series_of_a_target_with_log_rows_are_not_deleted_as_empty(store: Store) -> None:
     store.write("t", T, [Sample("x", (), 1.0)])
     store.flush()
     # Resolved "long ago" as far as this retention run is concerned; only the log holds data.
-    from tritonwatch.store import maintenance
+    from tritonwatch.store import retention
 
-    assert maintenance.delete_empty_series(store.sql_engine, resolved_before_ms=2**62) == 0
+    assert retention.delete_empty_series(raw_engine(store), resolved_before_ms=2**62) == 0
     assert [k.name for k in store.series()] == ["x"]
     _move(store)
-    assert maintenance.delete_empty_series(store.sql_engine, resolved_before_ms=2**62) == 0
+    assert retention.delete_empty_series(raw_engine(store), resolved_before_ms=2**62) == 0
 
 
 def test_rollups_include_samples_still_in_the_log(store: Store) -> None:
@@ -182,15 +183,15 @@ def test_rollups_include_samples_still_in_the_log(store: Store) -> None:
         store.write("t", T + k * 15, [Sample("x", (), 1.0)])
     store.flush()
     # The rollup's transposition ran; a flush right after it puts more into the same buckets.
-    store.rollup(T + 60)
+    store.maintenance.rollup(T + 60)
     for k in range(40, 60):
         store.write("t", T + k * 15, [Sample("x", (), 1.0)])
     store.flush()
     assert _table_counts(store)[0] == 1
     from tritonwatch.store import maintenance
 
-    maintenance.rollup(store.sql_engine, now_ms=(T + 3600) * 1000)  # reads the log as it is
-    (five,) = store.buckets("x", start=T, end=T + 899, step=300, agg="count")
+    maintenance.rollup(raw_engine(store), now_ms=(T + 3600) * 1000)  # reads the log as it is
+    (five,) = store.read(Query("x", start=T, end=T + 899, step=300, agg="count")).series()
     assert five.values == (20.0, 20.0, 20.0)
 
 
@@ -200,8 +201,8 @@ def test_postgres_stores_log_data_uncompressed(postgres_db_url: str) -> None:
 
     s = open_store(postgres_db_url)
     try:
-        s.create_schema()
-        with transaction(s.sql_engine, write=False) as conn:
+        s.migrations.apply()
+        with transaction(raw_engine(s), write=False) as conn:
             storage = conn.execute(text(
                 "SELECT attstorage FROM pg_attribute WHERE attrelid = 'sample_log'::regclass "
                 "AND attname = 'data'"
@@ -217,20 +218,20 @@ def test_a_damaged_row_is_dropped_loudly_and_the_rest_moves_on(
     store.write("good", T, [Sample("x", (), 1.0)])
     store.write("bad", T, [Sample("x", (), 2.0)])
     store.flush()
-    with transaction(store.sql_engine, write=True) as conn:
+    with transaction(raw_engine(store), write=True) as conn:
         conn.execute(t.sample_log.update().where(t.sample_log.c.target == "bad").values(
             data=np.array([1, 9, 2, 5], "<i8").tobytes()))
     monkey = pytest.MonkeyPatch()
     monkey.setattr(samplelog, "TRANSPOSE_SAMPLES", 1)  # one target per transaction
     try:
-        store.rollup(T + 3600)  # does not raise
+        store.maintenance.rollup(T + 3600)  # does not raise
     finally:
         monkey.undo()
     assert "dropped a damaged sample_log row (target 'bad', name 'x'" in caplog.text
     assert _table_counts(store) == (0, 1)  # the damaged row is gone, the good one moved
-    (data,) = store.range("x", start=T, end=T + 60, target="good")
+    (data,) = store.read(Query("x", start=T, end=T + 60, target="good")).series()
     assert data.values == (1.0,)
-    assert store.range("x", start=T, end=T + 60, target="bad") == []
+    assert store.read(Query("x", start=T, end=T + 60, target="bad")).series() == []
 
 
 def test_moved_chunks_keep_their_own_series_write_order(store: Store) -> None:
@@ -240,18 +241,18 @@ def test_moved_chunks_keep_their_own_series_write_order(store: Store) -> None:
     # above the other writer's chunk.
     store.write("a", T, [Sample("x", (), 1.0)])
     store.flush()
-    with transaction(store.sql_engine, write=True) as conn:
+    with transaction(raw_engine(store), write=True) as conn:
         seq = next_seq(conn)
         sid = conn.execute(select(t.series.c.id).where(t.series.c.target == "a")).scalar_one()
         chunk = encode(np.array([sid]), np.array([T * 1000]), np.array([2.0]))
         insert_chunks(conn, chunk, seq)
     store.write("b", T, [Sample("x", (), 3.0)])
     store.flush()
-    (data,) = store.range("x", start=T, end=T + 60, target="a")
+    (data,) = store.read(Query("x", start=T, end=T + 60, target="a")).series()
     assert data.values == (2.0,)
     _move(store)
     assert _table_counts(store)[0] == 0
-    (data,) = store.range("x", start=T, end=T + 60, target="a")
+    (data,) = store.read(Query("x", start=T, end=T + 60, target="a")).series()
     assert data.values == (2.0,)
 
 
@@ -261,8 +262,8 @@ def test_the_first_rollup_starts_at_samples_still_in_the_log(store: Store) -> No
     for k in range(40):
         store.write("t", T + k * 15, [Sample("x", (), 1.0)])
     store.flush()
-    assert maintenance.rollup(store.sql_engine, now_ms=(T + 3600) * 1000) > 0
-    (five,) = store.buckets("x", start=T, end=T + 599, step=300, agg="count")
+    assert maintenance.rollup(raw_engine(store), now_ms=(T + 3600) * 1000) > 0
+    (five,) = store.read(Query("x", start=T, end=T + 599, step=300, agg="count")).series()
     assert five.values == (20.0, 20.0)
 
 
@@ -271,8 +272,8 @@ def test_any_target_and_name_text_goes_through_the_log(store: Store) -> None:
     target, name = "triton-ä'; DROP TABLE series; --\"\t\\N", "métric_\u2603_total"
     store.write(target, T, [Sample(name, make_labels({"model": "m\u00fc"}), 1.5)])
     store.flush()
-    (data,) = store.range(name, start=T, end=T + 60, target=target)
+    (data,) = store.read(Query(name, start=T, end=T + 60, target=target)).series()
     assert (data.key.target, data.key.name, data.values) == (target, name, (1.5,))
     _move(store)
-    (data,) = store.range(name, start=T, end=T + 60, target=target)
+    (data,) = store.read(Query(name, start=T, end=T + 60, target=target)).series()
     assert data.values == (1.5,)

@@ -1,4 +1,4 @@
-"""``Store.range_columns``: a raw range read as two columns, equal to reading each series."""
+"""``Store.read`` (raw): a raw range read as two columns, equal to reading each series."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tritonwatch.schemas.samples import Sample, make_labels
-from tritonwatch.store import SeriesColumns, SeriesKey, Store
+from tritonwatch.store import Query, SeriesColumns, SeriesKey, Store
 
 T0 = (int(time.time()) // 3600 - 24) * 3600.0
 
@@ -33,17 +33,17 @@ def test_range_columns_equal_each_series_read_alone(make_store: Callable[..., St
     store.flush()
 
     start, end = T0 + 30, T0 + 75
-    cols = store.range_columns("x", start=start, end=end)
+    cols = store.read(Query("x", start=start, end=end))
     assert cols.keys == sorted(cols.keys)
     assert len(cols.keys) == 2 * (320 - len(range(3, 320, 7)))
     assert int(cols.bounds[-1]) == len(cols.ts) == len(cols.values)
     for key, data in zip(cols.keys, cols.series(), strict=True):
-        alone = store.range("x", start=start, end=end, target=key.target,
-                            match=dict(key.labels))
+        alone = store.read(Query("x", start=start, end=end, target=key.target,
+                                 match=dict(key.labels))).series()
         assert len(alone) == 1 and alone[0] == data
         assert data.ts == (T0 + 30, T0 + 45, T0 + 60, T0 + 75)
-    assert store.range_columns("x", start=T0 + 1000, end=T0 + 2000).keys == []
-    empty = store.range_columns("nothing", start=start, end=end)
+    assert store.read(Query("x", start=T0 + 1000, end=T0 + 2000)).keys == []
+    empty = store.read(Query("nothing", start=start, end=end))
     assert empty.series() == [] and len(empty.bounds) == 1
 
 

@@ -13,8 +13,9 @@ from typing import Any
 
 import numpy as np
 
-import tritonwatch.store.store as store_module
+import tritonwatch.store.flush as store_module
 from tritonwatch.schemas.samples import Labels
+from tritonwatch.store import Query
 
 TARGETS = 5
 SERIES = 10
@@ -45,7 +46,7 @@ def test_a_large_first_flush_resolves_in_slices(make_store, calls, monkeypatch):
     assert len(keys) == total
     # Every sample landed on its own series.
     for i in range(TARGETS):
-        got = st.range("m_0", start=999, end=1001, target=f"t{i}")
+        got = st.read(Query("m_0", start=999, end=1001, target=f"t{i}")).series()
         assert {d.values for d in got} == {(1000.0 + i,)}
         assert len(got) == len([k for k in range(SERIES) if k % 3 == 0])
 
@@ -77,7 +78,7 @@ def test_expired_layouts_are_refreshed_a_budget_at_a_time(make_store, calls, mon
     assert set().union(*refreshed) == {f"t{i}" for i in range(TARGETS)}
     # Ids survived the refresh: still one series per key, every scrape readable.
     assert len(st.series()) == TARGETS * SERIES
-    got = st.range("m_1", start=0, end=2000, target="t3")
+    got = st.read(Query("m_1", start=0, end=2000, target="t3")).series()
     assert {d.values for d in got} == {tuple(1000.0 + r + 3 for r in range(TARGETS + 1))}
 
 
@@ -110,6 +111,7 @@ def test_series_first_seen_in_different_buffered_scrapes_are_all_created(make_st
     st.write_columns("t0", 1001.0, names, labels, second)
     st.flush()
     assert len(st.series()) == SERIES - 1  # the series at position 1 never had a value
-    got = {d.labels: d.values for d in st.range("m_0", start=999, end=1002, target="t0")}
+    got = {d.labels: d.values for d in st.read(Query("m_0", start=999, end=1002,
+                                                     target="t0")).series()}
     assert got[labels[0]] == (0.0,)  # NaN in the first scrape, a value in the second
     assert got[labels[3]] == (3.0, 3.0)

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from tritonwatch.schemas.samples import Labels
+from tritonwatch.store import Query
 
 
 def columns(keys: range) -> tuple[list[str], list[Labels]]:
@@ -45,9 +46,9 @@ def test_a_target_at_its_limit_keeps_its_series_and_gets_no_new_ones(make_store)
         write(st, target, 1001.0, range(20))
     st.flush()
     assert told.told == [("t0", 8, 8)]
-    assert [len(st.series(target=t)) for t in ("t0", "t1", "t2")] == [12, 20, 20]
+    assert [len(st.series(Query(target=t))) for t in ("t0", "t1", "t2")] == [12, 20, 20]
     # The known series got the refused scrape's samples.
-    got = {d.labels: d.values for d in st.range("m", start=0, end=2000, target="t0")}
+    got = {d.labels: d.values for d in st.read(Query("m", start=0, end=2000, target="t0")).series()}
     assert got[(("k", "000"),)] == (1000.0, 1001.0)
     assert got[(("k", "011"),)] == (1001.0,)  # new, within the room: key order
     assert (("k", "012"),) not in got
@@ -68,8 +69,8 @@ def test_refused_series_are_not_resolved_again_on_every_flush(make_store, calls)
         st.flush()
     assert calls == []
     assert told.told[1:] == [("t0", 3, 2)] * 3
-    assert len(st.series(target="t0")) == 5
-    (kept,) = st.range("m", start=0, end=2000, target="t0", match={"k": "004"})
+    assert len(st.series(Query(target="t0"))) == 5
+    (kept,) = st.read(Query("m", start=0, end=2000, target="t0", match={"k": "004"})).series()
     assert kept.values == (1000.0, 1001.0, 1002.0, 1003.0)
 
 
@@ -79,11 +80,11 @@ def test_refused_series_are_asked_about_again_when_the_target_is_resolved_again(
     st.limit_series({"t0": 5}, on_refused=told)
     write(st, "t0", 1000.0, range(8))
     st.flush()
-    assert len(st.series(target="t0")) == 5
+    assert len(st.series(Query(target="t0"))) == 5
     # New limits (as after a config change) drop the resolved layouts, as the series cache's
     # TTL and retention do: the refused series are asked about again.
     st.limit_series({"t0": 7}, on_refused=told)
     write(st, "t0", 1001.0, range(8))
     st.flush()
-    assert len(st.series(target="t0")) == 7
+    assert len(st.series(Query(target="t0"))) == 7
     assert told.told == [("t0", 3, 3), ("t0", 1, 1)]

@@ -11,7 +11,7 @@ import pytest
 
 from tritonwatch.schemas.probes import ProbeResult
 from tritonwatch.schemas.samples import Sample, TargetHealth, make_labels
-from tritonwatch.store import Store, StoreError, spill
+from tritonwatch.store import Query, Store, StoreError, spill
 
 T = 1_700_000_000.0
 
@@ -53,9 +53,9 @@ def test_reingest_stores_a_spill_and_removes_it(store: Store, tmp_path: Path) ->
     spill.write(tmp_path / "spill", store.url_redacted, store.drain())
     assert spill.reingest(store, tmp_path / "spill") == 7
     assert not list((tmp_path / "spill").iterdir())
-    (a,) = store.range("x", start=T, end=T + 60, target="a")
+    (a,) = store.read(Query("x", start=T, end=T + 60, target="a")).series()
     assert list(a.values) == [1.5, 2.5, 3.5]
-    (inf,) = store.range("y", start=T, end=T + 60)
+    (inf,) = store.read(Query("y", start=T, end=T + 60)).series()
     assert list(inf.values) == [math.inf] * 3
     assert [h.error for h in store.health()] == ["connection refused"]
     assert [r.tokens for r in store.probe_results()] == [8]
@@ -86,7 +86,7 @@ def test_a_failed_reingest_keeps_the_file_and_buffers_nothing(
     def refuse(_chunks: object) -> int:  # a fake at the edge: the database refusing writes
         raise StoreError("flush failed: db down", url=store.url_redacted)
 
-    monkeypatch.setattr(store, "_write_chunks", refuse)
+    monkeypatch.setattr(store._writer, "write", refuse)
     with pytest.raises(StoreError):
         spill.reingest(store, tmp_path / "spill")
     assert path.exists()

@@ -11,6 +11,7 @@ import ctypes.util
 
 from sqlalchemy import select
 
+from tests.store_sql import raw_engine
 from tritonwatch.schemas import tables as t
 from tritonwatch.store import open_store
 from tritonwatch.store.engine import SQLITE_CACHED_STATEMENTS
@@ -25,9 +26,9 @@ def _sqlite_memory_used() -> int:
 
 def test_a_connection_keeps_a_bounded_number_of_prepared_statements(tmp_path) -> None:
     store = open_store(f"sqlite:///{tmp_path}/tw.db")
-    store.create_schema()
+    store.migrations.apply()
     c = t.sample_chunks.c
-    with store._engine.connect() as conn:
+    with raw_engine(store).connect() as conn:
         conn.execute(select(c.series_id).where(c.series_id.in_([0])))  # the connection's own
         before = _sqlite_memory_used()
         for n in range(300, 500):  # 200 statements, each of its own length

@@ -24,7 +24,7 @@ def test_password_never_reaches_logs_or_errors() -> None:
     assert "hunter2" not in repr(s)
     s.write("t", 0.0, [])
     with pytest.raises(StoreError) as caught:
-        s.create_schema()
+        s.migrations.apply()
     assert "hunter2" not in str(caught.value)
     assert s.url_redacted in str(caught.value)
 

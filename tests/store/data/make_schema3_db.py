@@ -33,7 +33,7 @@ def value(i: int, k: int) -> float:
 
 def main(path: str) -> None:
     store = open_store(f"sqlite:///{path}")
-    store.create_schema()
+    store.migrations.apply()
     for k in range(3 * 240):  # three hours at 15 s
         store.write("t", T + k * 15, [Sample("x", make_labels({"i": str(i)}), value(i, k))
                                       for i in range(3)])
@@ -41,7 +41,7 @@ def main(path: str) -> None:
             store.flush()
             if k < 2 * 240 + 100:
                 # Maintenance as serve runs it: the first two hours end up compacted.
-                store.rollup(T + k * 15)
+                store.maintenance.rollup(T + k * 15)
     store.flush()
     store.close()
     import sqlite3

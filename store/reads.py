@@ -1,0 +1,170 @@
+"""``Query`` (what a read asks for) and ``Reader`` (how the store answers it).
+
+One frozen value names the series (by name or names, target, label equality, a filter), the
+window and, for buckets, the step and aggregate, with the bounds a read may not exceed.
+``Store.read`` answers it with columns (raw samples without ``step``, buckets with it),
+``Store.increase`` / ``Store.rate`` with one number per counter, ``Store.series`` /
+``Store.series_page`` with the series alone.  Queries see flushed samples only; times are unix
+seconds, windows inclusive at both ends.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Mapping
+from dataclasses import KW_ONLY, dataclass
+from typing import Any
+
+from sqlalchemy import Connection
+
+from tritonwatch.store import maintenance, query
+from tritonwatch.store.errors import QueryError
+from tritonwatch.store.values import SeriesColumns, SeriesKey
+
+#: The widest window a query may name (years 1 to 9999, as the API's times): an open end of a
+#: :meth:`Reader.series_page` window reads as this.
+MAX_SECONDS = 253_402_300_799.0
+
+
+@dataclass(frozen=True)
+class Query:
+    """Which series, over which window, read how.
+
+    ``match`` is label equality (``""`` matches an absent label); ``where`` a filter over
+    ``(target, name, labels)`` applied in Python (``api/promql.py``).  ``step`` (seconds) and
+    ``agg`` make a read bucketed: samples aggregated into ``step``-second buckets aligned to the
+    epoch, each stamped with its start, empty ones left out; when ``step`` is a multiple of
+    1 h or 5 min completed rollups are read instead of raw samples (raw fills in after the
+    rollup watermark), so the first bucket may include data from up to one interval before
+    ``start``.  ``max_series`` and ``max_samples`` bound the read itself (``LimitExceeded``
+    before the samples are read; see ``query.find_series`` and ``query.bucket_columns``).
+    """
+
+    #: The one field given positionally: ``Query("nv_inference_count", start=..., end=...)``.
+    name: str | None = None
+    _: KW_ONLY
+    names: Collection[str] | None = None
+    target: str | None = None
+    match: Mapping[str, str] | None = None
+    where: query.SeriesFilter | None = None
+    start: float | None = None
+    end: float | None = None
+    step: float | None = None
+    agg: query.Agg | None = None
+    max_series: int | None = None
+    max_samples: int | None = None
+
+    def window(self) -> tuple[int, int]:
+        """``(lo_ms, hi_ms)``; QueryError unless both ends are given, finite and in order."""
+        if self.start is None or self.end is None:
+            raise QueryError("a read needs both start and end")
+        return _window(self.start, self.end)
+
+
+def _window(start: float, end: float) -> tuple[int, int]:
+    if not (math.isfinite(start) and math.isfinite(end)):
+        raise QueryError(f"start and end must be finite, got start={start!r} end={end!r}")
+    if start > end:
+        raise QueryError(f"start {start!r} is after end {end!r}")
+    return round(start * 1000), round(end * 1000)
+
+
+class Reader:
+    """Answers queries in a read transaction of the caller's; ``scratch``: memoise lookups.
+
+    A scratch store has one writer, its own: the series a query selects change only when it
+    creates series, so they are looked up once per selection until it does (replay repeats
+    the same queries at every evaluation); likewise the rollup watermarks, which only its own
+    flushes and maintenance move.  The writer and maintenance say when (:meth:`series_created`,
+    :meth:`watermarks_moved`, :meth:`forget`).
+    """
+
+    def __init__(self, *, scratch: bool) -> None:
+        self._series_memo: dict[tuple[Any, ...], list[tuple[int, SeriesKey]]] | None = (
+            {} if scratch else None)
+        self._series_gen = 0
+        self._marks_memo: dict[int, int] | None = None
+
+    # --- what the memos must forget -----------------------------------------------------------
+
+    def series_created(self) -> None:
+        self._series_gen += 1
+        if self._series_memo is not None:
+            self._series_memo.clear()
+
+    def watermarks_moved(self) -> None:
+        self._marks_memo = None
+
+    def forget(self) -> None:
+        """Maintenance moves watermarks and deletes series."""
+        self.watermarks_moved()
+        self.series_created()
+
+    # --- reads -------------------------------------------------------------------------------
+
+    def read(self, conn: Connection, q: Query) -> SeriesColumns:
+        lo, hi = q.window()
+        if q.step is None:
+            if q.agg is not None:
+                raise QueryError(f"agg {q.agg!r} needs a step")
+            found = self.find(conn, q)
+            if q.max_samples is not None:
+                query.check_samples(conn, found, lo_ms=lo, hi_ms=hi, max_samples=q.max_samples)
+            return query.raw_columns(conn, found, lo_ms=lo, hi_ms=hi)
+        if q.agg not in query.AGGS:
+            raise QueryError(f"agg must be one of {sorted(query.AGGS)}, got {q.agg!r}")
+        if not math.isfinite(q.step) or round(q.step * 1000) < 1:
+            raise QueryError(f"step must be a positive number of seconds, got {q.step!r}")
+        found = self.find(conn, q)
+        return query.bucket_columns(
+            conn, found, lo_ms=lo, hi_ms=hi, step_ms=round(q.step * 1000), agg=q.agg,
+            watermarks=self._watermarks(conn), max_samples=q.max_samples,
+        )
+
+    def increase(self, conn: Connection, q: Query) -> list[tuple[SeriesKey, float, int, int]]:
+        lo, hi = q.window()
+        found = self.find(conn, q)
+        if q.max_samples is not None:
+            query.check_samples(conn, found, lo_ms=lo, hi_ms=hi, max_samples=q.max_samples)
+        return query.increase(conn, found, lo_ms=lo, hi_ms=hi)
+
+    def series_page(
+        self, conn: Connection, q: Query, *, after: SeriesKey | None, limit: int | None,
+    ) -> list[SeriesKey]:
+        if q.match:
+            raise QueryError("a page of series is selected by `where`, not `match`")
+        window = None
+        if q.start is not None or q.end is not None:
+            window = _window(-MAX_SECONDS if q.start is None else q.start,
+                             MAX_SECONDS if q.end is None else q.end)
+        names = q.names if q.name is None else {q.name, *(q.names or ())}
+        return query.select_page(conn, names=names, target=q.target, where=q.where,
+                                 after=after, limit=limit, window=window,
+                                 max_samples=q.max_samples)
+
+    def find(self, conn: Connection, q: Query) -> list[tuple[int, SeriesKey]]:
+        """``(id, key)`` of the series ``q`` selects, sorted by key."""
+        memo = self._series_memo
+        if memo is None or q.names is not None or q.where is not None:
+            return self._find(conn, q)
+        key = (q.name, q.target, tuple(sorted((q.match or {}).items())), q.max_series)
+        found = memo.get(key)
+        if found is None:
+            gen = self._series_gen
+            found = self._find(conn, q)
+            if gen == self._series_gen:  # no series created meanwhile
+                memo[key] = found
+        return found
+
+    @staticmethod
+    def _find(conn: Connection, q: Query) -> list[tuple[int, SeriesKey]]:
+        return query.find_series(conn, name=q.name, names=q.names, target=q.target,
+                                 match=q.match, where=q.where, max_series=q.max_series)
+
+    def _watermarks(self, conn: Connection) -> dict[int, int]:
+        if self._series_memo is None:
+            return maintenance.watermarks(conn)
+        marks = self._marks_memo
+        if marks is None:
+            marks = self._marks_memo = maintenance.watermarks(conn)
+        return marks

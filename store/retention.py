@@ -1,0 +1,199 @@
+"""Retention: samples, rollup rows and health transitions past their age, then empty series.
+
+Deletes in bounded transactions, walking the series ids (``store.maintenance`` explains the
+watermarks, the horizons that keep a rollup from summarising a half-deleted bucket, and
+``stop``).
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import nullcontext
+
+from sqlalchemy import Engine, Table, delete, exists, select, tuple_
+
+from tritonwatch.schemas import tables as t
+from tritonwatch.store.chunks import I64_MAX, compress, encode
+from tritonwatch.store.engine import transaction
+from tritonwatch.store.maintenance import (
+    HORIZON_5M,
+    HORIZON_RAW,
+    ID_BATCH,
+    Gate,
+    Stop,
+    Stopped,
+    advisory_lock,
+    ceil_ms,
+    int_meta,
+    never,
+    series_ids,
+    set_meta,
+    watermarks,
+)
+from tritonwatch.store.query import ROLLUP_1H_MS, ROLLUP_5M_MS, merge_rows
+from tritonwatch.store.write import PG_LOCK_ROLLUP, insert_chunks
+
+log = logging.getLogger(__name__)
+
+# Straddling chunks rewritten per transaction (3 bound parameters each).
+_CUT_BATCH = 1000
+
+def _delete_before(
+    engine: Engine, table: Table, cutoff_ms: int, *, batch_rows: int, gate: Gate, stop: Stop
+) -> int:
+    """Delete rows with ``ts < cutoff_ms``, at most ``batch_rows`` per transaction.
+
+    Walks the series ids so that every statement is a range scan of the primary key
+    ``(series_id, ts)``: no index on ``ts`` alone is needed, which would cost every insert.
+    """
+    with transaction(engine, write=False) as conn:
+        ids = series_ids(conn)
+    c = table.c
+    deleted = 0
+    for i in range(0, len(ids), ID_BATCH):
+        chunk = ids[i : i + ID_BATCH].tolist()
+        while True:
+            if stop():
+                raise Stopped
+            victims = (
+                select(c.series_id, c.ts)
+                .where(c.series_id.in_(chunk), c.ts < cutoff_ms)
+                .limit(batch_rows)
+            )
+            with gate, transaction(engine, write=True) as conn:
+                result = conn.execute(delete(table).where(tuple_(c.series_id, c.ts).in_(victims)))
+            count = max(result.rowcount, 0)
+            deleted += count
+            if count < batch_rows:
+                break
+    return deleted
+
+
+def _delete_chunks_before(
+    engine: Engine, cutoff_ms: int, *, batch_rows: int, gate: Gate, stop: Stop
+) -> int:
+    """Delete raw samples with ``ts < cutoff_ms``; returns how many.
+
+    Walks the series ids so that every statement is a range scan of the primary key, and
+    deletes at most ``batch_rows`` chunks per transaction.  A chunk wholly before the cutoff
+    is deleted; one straddling it is then rewritten with its samples from the cutoff on (same
+    ``seq``, so it keeps its place in write order).  Under the rollup lock, so that a
+    compaction never writes back samples deleted here.
+    """
+    with transaction(engine, write=False) as conn:
+        ids = series_ids(conn)
+    c = t.sample_chunks.c
+    key = tuple_(c.series_id, c.start_ms, c.seq)
+    deleted = 0
+    for i in range(0, len(ids), ID_BATCH):
+        batch = ids[i : i + ID_BATCH].tolist()
+        old = (c.series_id.in_(batch), c.start_ms < cutoff_ms)
+        while True:
+            if stop():
+                raise Stopped
+            victims = select(c.series_id, c.start_ms, c.seq).where(*old, c.end_ms < cutoff_ms)
+            with gate, transaction(engine, write=True) as conn:
+                advisory_lock(conn, PG_LOCK_ROLLUP)
+                stmt = delete(t.sample_chunks).where(key.in_(victims.limit(batch_rows)))
+                counts = conn.execute(stmt.returning(t.sample_chunks.c.n)).scalars().all()
+            deleted += sum(counts)
+            if len(counts) < batch_rows:
+                break
+        while True:
+            if stop():
+                raise Stopped
+            with gate, transaction(engine, write=True) as conn:
+                advisory_lock(conn, PG_LOCK_ROLLUP)
+                rows = conn.execute(
+                    select(c.series_id, c.start_ms, c.seq, c.n, c.data)
+                    .where(*old, c.end_ms >= cutoff_ms)
+                    .limit(_CUT_BATCH)
+                ).all()
+                if rows:
+                    conn.execute(
+                        delete(t.sample_chunks).where(key.in_([tuple(r[:3]) for r in rows]))
+                    )
+                for sid, start, seq, n, data in rows:
+                    # Chunk by chunk: merging them would change what each one stores.
+                    m = merge_rows([(sid, start, seq, n, data)], lo_ms=cutoff_ms, hi_ms=I64_MAX)
+                    deleted += n - len(m)
+                    insert_chunks(conn, compress(encode(m.ids, m.ts, m.values)), seq)
+            if len(rows) < _CUT_BATCH:
+                break
+    return deleted
+
+
+def delete_empty_series(engine: Engine, *, resolved_before_ms: int) -> int:
+    """Delete series holding no data that no writer has resolved since ``resolved_before_ms``.
+
+    The ``resolved_at`` guard closes the race with a writer that has just looked up (or
+    created) a series and is about to insert its first samples: that lookup refreshed
+    ``resolved_at``, so the series is not deleted under it.  Series of a (target, name) with
+    rows in the log are all kept: which series a row holds is inside its data.
+    """
+    s = t.series
+    empty = [
+        ~exists().where(table.c.series_id == s.c.id)
+        for table in (t.sample_chunks, t.rollups_5m, t.rollups_1h)
+    ]
+    logged = t.sample_log.c
+    empty.append(~exists().where(logged.target == s.c.target, logged.name == s.c.name))
+    with transaction(engine, write=True) as conn:
+        result = conn.execute(delete(s).where(s.c.resolved_at < resolved_before_ms, *empty))
+    return max(result.rowcount, 0)
+
+
+def apply_retention(
+    engine: Engine,
+    *,
+    now_ms: int,
+    raw_ms: int,
+    rollup_5m_ms: int,
+    rollup_1h_ms: int,
+    batch_rows: int,
+    gate: Gate | None = None,
+    stop: Stop = never,
+) -> int:
+    """Delete samples, rollup rows and health transitions past their retention.
+
+    Returns the sample and rollup rows deleted.  Empty series are left to
+    :func:`delete_empty_series`, which the caller runs under its flush lock.
+
+    Raw samples are kept until the 5 m rollup has summarised them, and 5 m rows until the 1 h
+    rollup has, whatever their age: a stalled rollup job delays retention instead of losing
+    history.  Raises :class:`Stopped` when ``stop`` ends it (the next run deletes the rest).
+    """
+    gate = gate or nullcontext()
+    # Under the rollup lock, before anything is deleted: the watermarks cannot move meanwhile,
+    # and no rollup (nor a late flush moving a watermark back) reaches below the horizons
+    # once the rows under them start to go.
+    with gate, transaction(engine, write=True) as conn:
+        advisory_lock(conn, PG_LOCK_ROLLUP)
+        marks = watermarks(conn)
+        raw_cutoff = min(now_ms - raw_ms, marks.get(ROLLUP_5M_MS, 0))
+        cutoff_5m = min(now_ms - rollup_5m_ms, marks.get(ROLLUP_1H_MS, 0))
+        for key, cutoff, res in (
+            (HORIZON_RAW, raw_cutoff, ROLLUP_5M_MS),
+            (HORIZON_5M, cutoff_5m, ROLLUP_1H_MS),
+        ):
+            # The bucket holding the cutoff loses some rows: it is behind the horizon too.
+            horizon = ceil_ms(cutoff, res)
+            if horizon > (int_meta(conn, key) or 0):
+                set_meta(conn, key, str(horizon))
+    if raw_cutoff < now_ms - raw_ms:
+        log.info("retention: raw samples kept until rolled up (5 m watermark %s)", raw_cutoff)
+    deleted = _delete_chunks_before(
+        engine, raw_cutoff, batch_rows=batch_rows, gate=gate, stop=stop
+    )
+    deleted += _delete_before(
+        engine, t.rollups_5m, cutoff_5m, batch_rows=batch_rows, gate=gate, stop=stop
+    )
+    deleted += _delete_before(
+        engine, t.rollups_1h, now_ms - rollup_1h_ms, batch_rows=batch_rows, gate=gate,
+        stop=stop,
+    )
+    with transaction(engine, write=True) as conn:
+        # Transitions are tiny; keep them as long as the longest-lived data.
+        log_ts = t.target_health_log.c.ts
+        conn.execute(delete(t.target_health_log).where(log_ts < now_ms - rollup_1h_ms))
+    return deleted
