@@ -1,4 +1,7 @@
-"""The SLI formulas: what one interval's accumulated deltas and gauges mean (stateless).
+"""The SLIs: their catalog (:data:`SLI_CATALOG`, what is emitted, with unit, labels and
+meaning) and their formulas, what one interval's accumulated deltas and gauges mean (stateless).
+A new SLI is a catalog entry and its ``out.emit`` here; tests/collector/test_derive.py fails
+while an emitted name has no entry.
 
 Each function reads what :mod:`collector.derive.accumulate` gathered for one model (an
 :class:`~collector.derive.accumulate.Acc`) or one GPU, and appends its SLIs to an output list
@@ -9,10 +12,102 @@ models' KV gauges were already reported as inconsistent, is the Deriver's busine
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from tritonwatch.collector.derive.accumulate import Acc
 from tritonwatch.collector.derive.catalog import ModelKey
 from tritonwatch.schemas.samples import Labels, Sample, make_labels
 from tritonwatch.schemas.triton import ModelConfigInfo
+
+
+class SliSpec(NamedTuple):
+    unit: str
+    labels: tuple[str, ...]
+    description: str
+
+
+
+_M = ("model", "version", "namespace?")
+_G = ("gpu_uuid",)
+
+#: Every SLI the deriver emits: name → unit, labels (``namespace?`` = only when Triton runs with
+#: model namespacing) and meaning.  The README and the dashboard are generated from this table.
+SLI_CATALOG: dict[str, SliSpec] = {
+    # Request-level, from nv_inference_* (or the stats API when /metrics has none for the model).
+    "sli:request_rate": SliSpec("req/s", _M, "Successful requests per second (cache hits in)"),
+    "sli:inference_rate": SliSpec("inferences/s", _M, "Inferences (batch items) per second"),
+    "sli:execution_rate": SliSpec("executions/s", _M, "Model executions (batches) per second"),
+    "sli:failure_rate": SliSpec(
+        "req/s",
+        (*_M, "reason"),
+        "Failed requests per second per reason; reason=ALL when the source has no reason "
+        "label (Triton before 24.07, stats API)",
+    ),
+    "sli:success_ratio": SliSpec("ratio", _M, "Δsuccess / (Δsuccess + ΣΔfailure)"),
+    "sli:avg_batch_size": SliSpec("inferences/execution", _M, "Δinference_count / Δexec_count"),
+    "sli:batch_fill_rate": SliSpec(
+        "ratio", _M, "avg_batch_size / max_batch_size; absent when max_batch_size is 0 or unknown"
+    ),
+    "sli:requests_per_execution": SliSpec(
+        "requests/execution", _M, "Δsuccess / Δexec_count (dynamic-batching effectiveness)"
+    ),
+    "sli:queue_time_seconds": SliSpec("s", _M, "Average queue time per successful request"),
+    "sli:compute_time_seconds": SliSpec(
+        "s", _M, "Average compute input+infer+output per request (batch time charged per request)"
+    ),
+    "sli:request_time_seconds": SliSpec("s", _M, "Average server-side request time"),
+    "sli:queue_compute_ratio": SliSpec("ratio", _M, "Δqueue time / Δcompute_infer time"),
+    "sli:pending_requests": SliSpec("requests", _M, "Requests queued in Triton (gauge)"),
+    "sli:cache_hit_ratio": SliSpec("ratio", _M, "Response cache Δhits / (Δhits + Δmisses)"),
+    # TensorRT-LLM gauges (latest executor iteration).
+    "sli:kv_cache_utilization": SliSpec("ratio", _M, "KV-cache used / max blocks (or fraction)"),
+    "sli:kv_cache_free_blocks": SliSpec("blocks", _M, "Free KV-cache blocks"),
+    "sli:kv_cache_reuse_ratio": SliSpec("ratio", _M, "KV-cache reused / used blocks"),
+    "sli:inflight_batch_fill": SliSpec("ratio", _M, "In-flight batch scheduled / max requests"),
+    "sli:llm_active_requests": SliSpec("requests", _M, "Requests in the TRT-LLM executor"),
+    "sli:llm_waiting_requests": SliSpec(
+        "requests", _M, "Requests waiting for a batch slot (waiting, else active - scheduled)"
+    ),
+    "sli:llm_paused_requests": SliSpec("requests", _M, "Paused (preempted) requests"),
+    # LLM latency and token throughput.
+    "sli:ttft_seconds": SliSpec(
+        "s",
+        _M,
+        "Mean time to first token: Triton's nv_inference_first_response_histogram_ms when the "
+        "model has it, else vllm:time_to_first_token_seconds",
+    ),
+    "sli:itl_seconds": SliSpec("s", _M, "Mean inter-token latency (vLLM)"),
+    "sli:e2e_seconds": SliSpec("s", _M, "Mean end-to-end latency of finished requests (vLLM)"),
+    "sli:generation_tokens_rate": SliSpec(
+        "tokens/s", _M, "Generated tokens per second (vLLM, else TRT-LLM nv_llm_output_token_len)"
+    ),
+    "sli:prompt_tokens_rate": SliSpec(
+        "tokens/s", _M, "Prompt tokens per second (vLLM, else TRT-LLM nv_llm_input_token_len)"
+    ),
+    # GPU (DCGM inside Triton); a GPU whose gauges all read 0 is a DCGM failure and is skipped.
+    "sli:gpu_utilization": SliSpec("ratio", _G, "GPU utilization, 0-1"),
+    "sli:gpu_memory_used_ratio": SliSpec("ratio", _G, "GPU memory used / total"),
+    "sli:gpu_power_ratio": SliSpec("ratio", _G, "GPU power usage / limit"),
+    "sli:gpu_power_watts": SliSpec("W", _G, "GPU power usage"),
+    "sli:energy_per_inference_joules": SliSpec(
+        "J/inference",
+        (),
+        "Server-wide ΔΣenergy / ΔΣnv_inference_count (ensembles excluded from the count)",
+    ),
+    # Statistics API only.
+    "sli:preferred_batch_hit_ratio": SliSpec(
+        "ratio", _M, "Share of executions whose batch size is a preferred_batch_size"
+    ),
+    "sli:stats_batch_fill_rate": SliSpec(
+        "ratio", _M, "Exact fill rate from batch_stats: ΣΔ(bs·executions)/ΣΔexecutions/max_batch"
+    ),
+    "sli:gpu_busy_seconds_rate": SliSpec(
+        "s/s", _M, "Model execution busy time per second, ΣΔbatch compute_infer (per instance sum)"
+    ),
+    "sli:server_ttft_seconds": SliSpec("s", _M, "response_stats[0] success time per response"),
+    "sli:server_itl_seconds": SliSpec("s", _M, "response_stats[k≥1] success time per response"),
+}
+
 
 # KV-cache sanity: TRT-LLM computes used = max - free, so anything further off than this means
 # the positional label values shifted (a missing JSON key, §3) and the numbers are garbage.
