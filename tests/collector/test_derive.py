@@ -99,6 +99,15 @@ def core(
     return out
 
 
+def cores(*series: tuple[Mapping[str, str], float, float, float]) -> list[Sample]:
+    """core() of several model series, each as (labels, success, count, execs)."""
+    return [
+        x
+        for labels, ok, n, ex in series
+        for x in core(success=ok, count=n, execs=ex, labels=labels)
+    ]
+
+
 KW0: dict[str, Any] = {
     "success": 100,
     "count": 300,
@@ -196,22 +205,8 @@ def test_max_batch_size_zero_or_unknown_config_gives_no_fill_rate() -> None:
     nobatch = {"model": "nobatch", "version": "1"}
     unknown = {"model": "mystery", "version": "2"}
     d = Deriver("t1")
-    d.derive(
-        snap(
-            0.0,
-            core(success=0, count=0, execs=0, labels=nobatch)
-            + core(success=0, count=0, execs=0, labels=unknown),
-        ),
-        CONFIGS,
-    )
-    out = d.derive(
-        snap(
-            10.0,
-            core(success=5, count=5, execs=5, labels=nobatch)
-            + core(success=8, count=16, execs=4, labels=unknown),
-        ),
-        CONFIGS,
-    )
+    d.derive(snap(0.0, cores((nobatch, 0, 0, 0), (unknown, 0, 0, 0))), CONFIGS)
+    out = d.derive(snap(10.0, cores((nobatch, 5, 5, 5), (unknown, 8, 16, 4))), CONFIGS)
     assert get(out, "sli:avg_batch_size", **nobatch) == pytest.approx(1.0)
     assert get(out, "sli:avg_batch_size", **unknown) == pytest.approx(4.0)
     assert "sli:batch_fill_rate" not in names(out)
@@ -222,24 +217,9 @@ def test_namespace_is_kept_and_tag_labels_are_summed_away() -> None:
     b = {"model": "resnet", "version": "1", "namespace": "prod", "_team": "b"}
     other_ns = {"model": "resnet", "version": "1", "namespace": "dev"}
     d = Deriver("t1")
-    d.derive(
-        snap(
-            0.0,
-            core(success=0, count=0, execs=0, labels=a)
-            + core(success=0, count=0, execs=0, labels=b)
-            + core(success=0, count=0, execs=0, labels=other_ns),
-        ),
-        CONFIGS,
-    )
-    out = d.derive(
-        snap(
-            10.0,
-            core(success=10, count=10, execs=5, labels=a)
-            + core(success=30, count=30, execs=5, labels=b)
-            + core(success=50, count=50, execs=50, labels=other_ns),
-        ),
-        CONFIGS,
-    )
+    d.derive(snap(0.0, cores((a, 0, 0, 0), (b, 0, 0, 0), (other_ns, 0, 0, 0))), CONFIGS)
+    after = cores((a, 10, 10, 5), (b, 30, 30, 5), (other_ns, 50, 50, 50))
+    out = d.derive(snap(10.0, after), CONFIGS)
     prod = {"model": "resnet", "version": "1", "namespace": "prod"}
     assert get(out, "sli:request_rate", **prod) == pytest.approx(4.0)
     assert get(out, "sli:avg_batch_size", **prod) == pytest.approx(4.0)
@@ -301,13 +281,7 @@ def test_model_that_appears_later_and_one_that_disappears() -> None:
     m2 = {"model": "bert", "version": "3"}
     d = Deriver("t1")
     d.derive(snap(0.0, core(success=10, count=10, execs=10)), CONFIGS)
-    out = d.derive(
-        snap(
-            10.0,
-            core(success=20, count=20, execs=10) + core(success=500, count=5, execs=5, labels=m2),
-        ),
-        CONFIGS,
-    )
+    out = d.derive(snap(10.0, cores((M1, 20, 20, 10), (m2, 500, 5, 5))), CONFIGS)
     assert get(out, "sli:request_rate", **M1) == pytest.approx(1.0)
     assert get(out, "sli:request_rate", **m2) is None  # new series: no baseline yet
     tracked_both = d.tracked_series()
@@ -316,12 +290,7 @@ def test_model_that_appears_later_and_one_that_disappears() -> None:
     assert get(out, "sli:request_rate", **M1) is None
     assert d.tracked_series() == tracked_both // 2  # resnet's series were dropped
     # resnet comes back (reloaded): a new series again, so no rate across its absence.
-    out = d.derive(
-        snap(
-            30.0, core(success=3, count=3, execs=3) + core(success=530, count=9, execs=9, labels=m2)
-        ),
-        CONFIGS,
-    )
+    out = d.derive(snap(30.0, cores((M1, 3, 3, 3), (m2, 530, 9, 9))), CONFIGS)
     assert get(out, "sli:request_rate", **M1) is None
     assert get(out, "sli:request_rate", **m2) == pytest.approx(1.0)
 
@@ -531,29 +500,22 @@ def _gpu(
 GIB = 1024.0**3
 
 
+def _idle_models(
+    count: float, *gpus: list[Sample], models: tuple[Mapping[str, str], ...] = (M1,)
+) -> list[Sample]:
+    """The GPUs' samples plus models that have counted `count` inferences and no successes."""
+    return [x for gpu in gpus for x in gpu] + cores(*((m, 0, count, 0) for m in models))
+
+
 def test_gpu_gauges_and_energy_per_inference() -> None:
     ens = {"model": "ens", "version": "1"}
     d = Deriver("t1")
-    d.derive(
-        snap(
-            0.0,
-            _gpu("GPU-a", 0.5, 20 * GIB, 80 * GIB, 300, 700, 10_000)
-            + _gpu("GPU-b", 0.1, 8 * GIB, 80 * GIB, 100, 700, 5_000)
-            + core(success=0, count=1000, execs=0)
-            + core(success=0, count=1000, execs=0, labels=ens),
-        ),
-        CONFIGS,
-    )
-    out = d.derive(
-        snap(
-            10.0,
-            _gpu("GPU-a", 0.75, 40 * GIB, 80 * GIB, 350, 700, 13_000)
-            + _gpu("GPU-b", 0.25, 8 * GIB, 80 * GIB, 140, 700, 6_000)
-            + core(success=0, count=1500, execs=0)
-            + core(success=0, count=1500, execs=0, labels=ens),
-        ),
-        CONFIGS,
-    )
+    a0 = _gpu("GPU-a", 0.5, 20 * GIB, 80 * GIB, 300, 700, 10_000)
+    b0 = _gpu("GPU-b", 0.1, 8 * GIB, 80 * GIB, 100, 700, 5_000)
+    d.derive(snap(0.0, _idle_models(1000, a0, b0, models=(M1, ens))), CONFIGS)
+    a1 = _gpu("GPU-a", 0.75, 40 * GIB, 80 * GIB, 350, 700, 13_000)
+    b1 = _gpu("GPU-b", 0.25, 8 * GIB, 80 * GIB, 140, 700, 6_000)
+    out = d.derive(snap(10.0, _idle_models(1500, a1, b1, models=(M1, ens))), CONFIGS)
     assert get(out, "sli:gpu_utilization", gpu_uuid="GPU-a") == 0.75
     assert get(out, "sli:gpu_memory_used_ratio", gpu_uuid="GPU-a") == pytest.approx(0.5)
     assert get(out, "sli:gpu_power_watts", gpu_uuid="GPU-b") == 140.0
@@ -563,49 +525,25 @@ def test_gpu_gauges_and_energy_per_inference() -> None:
 
 
 def test_dcgm_all_zero_gpu_is_skipped_and_voids_energy() -> None:
+    def gpu(uuid: str, util: float, power: float, energy: float) -> list[Sample]:
+        return _gpu(uuid, util, 1, 2, power, 700, energy)
+
     d = Deriver("t1")
     d.derive(
-        snap(
-            0.0,
-            _gpu("GPU-a", 0.5, 1, 2, 300, 700, 10_000)
-            + _gpu("GPU-b", 0.5, 1, 2, 300, 700, 10_000)
-            + core(success=0, count=0, execs=0),
-        ),
+        snap(0.0, _idle_models(0, gpu("GPU-a", 0.5, 300, 10_000), gpu("GPU-b", 0.5, 300, 10_000))),
         CONFIGS,
     )
     failed = _gpu("GPU-b", 0, 0, 0, 0, 0, 0)
-    out = d.derive(
-        snap(
-            10.0,
-            _gpu("GPU-a", 0.0, 1, 2, 60, 700, 11_000)
-            + failed
-            + core(success=0, count=100, execs=0),
-        ),
-        CONFIGS,
-    )
+    out = d.derive(snap(10.0, _idle_models(100, gpu("GPU-a", 0.0, 60, 11_000), failed)), CONFIGS)
     assert not [x for x in out if dict(x.labels).get("gpu_uuid") == "GPU-b"]
     assert get(out, "sli:gpu_utilization", gpu_uuid="GPU-a") == 0.0  # idle, not failed
     assert "sli:energy_per_inference_joules" not in names(out)
     # GPU-b recovers with its full cumulative energy: a fresh baseline, not a 10 kJ spike.
-    out = d.derive(
-        snap(
-            20.0,
-            _gpu("GPU-a", 0.5, 1, 2, 300, 700, 12_000)
-            + _gpu("GPU-b", 0.5, 1, 2, 300, 700, 12_000)
-            + core(success=0, count=200, execs=0),
-        ),
-        CONFIGS,
-    )
+    recovered = _idle_models(200, gpu("GPU-a", 0.5, 300, 12_000), gpu("GPU-b", 0.5, 300, 12_000))
+    out = d.derive(snap(20.0, recovered), CONFIGS)
     assert "sli:energy_per_inference_joules" not in names(out)
-    out = d.derive(
-        snap(
-            30.0,
-            _gpu("GPU-a", 0.5, 1, 2, 300, 700, 13_000)
-            + _gpu("GPU-b", 0.5, 1, 2, 300, 700, 12_500)
-            + core(success=0, count=300, execs=0),
-        ),
-        CONFIGS,
-    )
+    later = _idle_models(300, gpu("GPU-a", 0.5, 300, 13_000), gpu("GPU-b", 0.5, 300, 12_500))
+    out = d.derive(snap(30.0, later), CONFIGS)
     assert get(out, "sli:energy_per_inference_joules") == pytest.approx(15.0)
 
 
