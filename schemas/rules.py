@@ -10,15 +10,26 @@ a ratio, period in seconds, burn-rate tiers with their factors), as sloth keeps 
 Errors are :class:`schemas.config.ConfigError` with one ``key.path: message`` line each
 (``slos[1].sli.queue_time.threshold: ...``), like the config file's.
 
-Example::
+Example (the test suite validates this very text)::
 
     version: 1
     slos:
       - name: llm-ttft
+        description: First token within 800 ms for 99.5 % of probe requests
         objective: 99.5
         window: 28d
-        sli: {kind: ttft, probe: llm-probe, threshold: 800ms}
+        labels: {team: ml}
+        sli: {kind: ttft, probe: llm-probe, threshold: 800ms, by: [model]}
         min_traffic: 50
+        alerting:
+          ticket: {enabled: false}
+          annotations: {runbook_url: "https://runbooks/ttft?model={labels[model]}"}
+      - name: triton-availability
+        objective: 99.9
+        sli: {kind: availability, model: resnet, match: {region: eu}}
+      - name: queue
+        objective: 99
+        sli: {kind: queue_time, threshold: 50ms}
     alerts:
       - name: KVCacheNearlyFull
         series: sli:kv_cache_utilization
@@ -27,10 +38,15 @@ Example::
         op: ">"
         threshold: 0.95
         for: 5m
+        keep_firing_for: 2m
         labels: {severity: warning}
         annotations: {summary: "KV cache {value:.0%} full on {labels[model]}"}
-    regressions: []        # schemas/regressions.py
-    defaults: {enabled: true}
+    regressions:           # schemas/regressions.py
+      - name: fill_rate_drop
+        series: sli:batch_fill_rate
+        direction: down
+    defaults:
+      disable: [target_down]
 """
 
 from __future__ import annotations

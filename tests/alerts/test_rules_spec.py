@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import yaml
 
 from tritonwatch.alerts.rules import SloBurnRule, ThresholdRule, load_rules, render
 from tritonwatch.cli import main
+from tritonwatch.schemas import rules as rules_spec
 from tritonwatch.schemas.config import ConfigError
 from tritonwatch.schemas.rules import (
     AvailabilitySli,
@@ -25,43 +27,8 @@ from tritonwatch.schemas.samples import Sample, make_labels
 from tritonwatch.schemas.values import format_duration
 from tritonwatch.store import Store
 
-EXAMPLE = """
-version: 1
-slos:
-  - name: llm-ttft
-    description: First token within 800 ms for 99.5 % of probe requests
-    objective: 99.5
-    window: 28d
-    labels: {team: ml}
-    sli: {kind: ttft, probe: llm-probe, threshold: 800ms, by: [model]}
-    min_traffic: 50
-    alerting:
-      ticket: {enabled: false}
-      annotations: {runbook_url: "https://runbooks/ttft?model={labels[model]}"}
-  - name: triton-availability
-    objective: 99.9
-    sli: {kind: availability, model: resnet, match: {region: eu}}
-  - name: queue
-    objective: 99
-    sli: {kind: queue_time, threshold: 50ms}
-alerts:
-  - name: KVCacheNearlyFull
-    series: sli:kv_cache_utilization
-    agg: avg
-    window: 10m
-    op: ">"
-    threshold: 0.95
-    for: 5m
-    keep_firing_for: 2m
-    labels: {severity: warning}
-    annotations: {summary: "KV cache {value:.0%} full on {labels[model]}"}
-regressions:
-  - name: fill_rate_drop
-    series: sli:batch_fill_rate
-    direction: down
-defaults:
-  disable: [target_down]
-"""
+# The module docstring's example, so that the documented example is the one tested.
+EXAMPLE = textwrap.dedent(rules_spec.__doc__.split("::\n", 1)[1]) if rules_spec.__doc__ else ""
 
 
 def errors_of(data: object) -> list[str]:
