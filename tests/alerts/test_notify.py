@@ -455,6 +455,12 @@ def unique(prefix: str) -> str:
     return f"{prefix}{time.monotonic_ns()}"
 
 
+def fresh_alert(prefix: str, *, age: float, **extra: str) -> tuple[AlertState, float]:
+    """An alert under a name no earlier run used, fired `age` s before now (to the ms); and now."""
+    now = time.time()
+    return state(unique(prefix), fired_at=round(now - age, 3), extra=extra), now
+
+
 def real_dispatcher(am: AlertmanagerServer, **kw: Any) -> Dispatcher:
     kw.setdefault("eval_interval", 1.0)
     kw.setdefault("resend_delay", 2.0)
@@ -466,10 +472,9 @@ def test_real_alertmanager_fires_and_resolves_with_our_labels_and_times(
     running_alertmanager: AlertmanagerServer,
 ) -> None:
     am = running_alertmanager
-    name = unique("FireResolve")
     d = real_dispatcher(am)
-    now = time.time()
-    s = state(name, fired_at=round(now - 5, 3), extra={"model": "llama"})
+    s, now = fresh_alert("FireResolve", age=5, model="llama")
+    name = s.rule
     sent = d.dispatch([s], now=now)
     assert sent == {s.fingerprint: now}
     # Alertmanager holds it with the endsAt we sent (4 x max(1s, 2s) ahead)
@@ -537,15 +542,12 @@ def test_real_alertmanager_outage_loses_no_notification(
 def test_real_alertmanager_delivers_back_to_our_receiver(
     running_alertmanager: AlertmanagerServer,
 ) -> None:
-    am = running_alertmanager
-    name = unique("Roundtrip")
-    d = real_dispatcher(am)
-    now = time.time()
-    s = state(name, fired_at=round(now - 1, 3), extra={"tw_route": "receiver"})
+    d = real_dispatcher(running_alertmanager)
+    s, now = fresh_alert("Roundtrip", age=1, tw_route="receiver")
     assert d.dispatch([s], now=now)
 
     def events(status: str) -> list[Any]:
-        return [e for e in am.received_events
+        return [e for e in running_alertmanager.received_events
                 if e.fingerprint == s.fingerprint and e.status == status]
 
     deadline = time.monotonic() + 15
