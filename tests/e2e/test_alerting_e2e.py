@@ -40,6 +40,7 @@ from typing import Any, TypeVar
 
 import httpx
 import pytest
+import yaml
 
 from tests.fixtures_alertmanager import AlertmanagerServer, forwarding_alertmanager, free_port
 from tritonwatch.loadgen import LoadGenerator
@@ -76,35 +77,30 @@ FILL_REGRESSION = "E2EBatchFillRateRegression"
 
 FILL_BASELINE_S = 20.0
 
+
+def _threshold_alert(
+    name: str, series: str, window: str, op: str, threshold: float, keep_firing_for: str,
+    severity: str, summary: str, match: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """One `alerts:` entry: the average over `window`, true for 2 s."""
+    return {"name": name, "series": series, **({"match": match} if match else {}), "agg": "avg",
+            "window": window, "op": op, "threshold": threshold, "for": "2s",
+            "keep_firing_for": keep_firing_for, "labels": {"severity": severity},
+            "annotations": {"summary": summary}}
+
+
 # Windows of seconds: a 1 s step and a 6 s recent window give 6-7 points, a median that moves
 # after 3-4 s of a fault; `for` 2 s; keep_firing_for covers a restart's gap in the scrapes.
 # The TTFT regression keeps its load guard (fake_llm's request rate): the class's LLM traffic is
 # paced, so a slower first token does not change the load.  E2ETTFTHigh, a plain threshold on
 # the same probe series, fires with it in the TTFT test and is the alert of the outage test.
-RULES = f"""\
-version: 1
-alerts:
-  - name: {KV}
-    series: sli:kv_cache_utilization
-    agg: avg
-    window: 4s
-    op: ">="
-    threshold: 0.9
-    for: 2s
-    keep_firing_for: 4s
-    labels: {{severity: warning}}
-    annotations: {{summary: "KV cache {{value:.0%}} full on {{labels[model]}}"}}
-  - name: {TTFT_HIGH}
-    series: probe:ttft_seconds
-    match: {{probe: llm}}
-    agg: avg
-    window: 3s
-    op: ">"
-    threshold: 0.25
-    for: 2s
-    keep_firing_for: 3s
-    labels: {{severity: page}}
-    annotations: {{summary: "probe TTFT {{value:.3f}}s > {{threshold}}s"}}
+ALERTS = [
+    _threshold_alert(KV, "sli:kv_cache_utilization", "4s", ">=", 0.9, "4s", "warning",
+                     "KV cache {value:.0%} full on {labels[model]}"),
+    _threshold_alert(TTFT_HIGH, "probe:ttft_seconds", "3s", ">", 0.25, "3s", "page",
+                     "probe TTFT {value:.3f}s > {threshold}s", match={"probe": "llm"}),
+]
+RULES = "version: 1\n" + yaml.safe_dump({"alerts": ALERTS}, sort_keys=False) + f"""\
 regressions:
   - name: {TTFT_REGRESSION}
     series: probe:ttft_seconds
