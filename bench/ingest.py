@@ -161,6 +161,16 @@ def fleet_config(fleet: Fleet, targets: int, url: str, models: list[str]) -> Con
     )
 
 
+def fleet_store(
+    backend: Backend, database: str, fleet: Fleet, targets: int, models: list[str]
+) -> tuple[str, CountingStore, Config]:
+    """A new database with the schema, a CountingStore on it, and the fleet's config for it."""
+    url = backend.new_database(database)
+    store = CountingStore(url)
+    store.migrations.apply()
+    return url, store, fleet_config(fleet, targets, url, models)
+
+
 @dataclass
 class EndToEnd:
     backend: str
@@ -183,13 +193,9 @@ class EndToEnd:
 async def _end_to_end(
     backend: Backend, fleet: Fleet, targets: int, scrapes: int, models: list[str]
 ) -> EndToEnd:
-    url = backend.new_database("tw_bench_e2e")
-    store = CountingStore(url)
-    store.migrations.apply()
+    url, store, config = fleet_store(backend, "tw_bench_e2e", fleet, targets, models)
     now = [T0]
-    collector = Collector(
-        fleet_config(fleet, targets, url, models), store, clock=lambda: now[0]
-    )
+    collector = Collector(config, store, clock=lambda: now[0])
     names = list(collector.targets)
 
     async def round_(r: int) -> list[TargetHealth]:
@@ -263,10 +269,7 @@ class _Timer:
 async def _per_stage(
     backend: Backend, fleet: Fleet, targets: int, scrapes: int, models: list[str]
 ) -> Stages:
-    url = backend.new_database("tw_bench_stages")
-    store = CountingStore(url)
-    store.migrations.apply()
-    config = fleet_config(fleet, targets, url, models)
+    _, store, config = fleet_store(backend, "tw_bench_stages", fleet, targets, models)
     client = make_client()
     derivers = [Deriver(t.name) for t in config.targets]
     shapes: dict[int, Shape] = {}
