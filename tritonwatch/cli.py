@@ -73,10 +73,7 @@ def _config_errors(exc: ConfigError) -> int:
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
-    try:
-        config = load_config(args.file)
-    except ConfigError as exc:
-        return _config_errors(exc)
+    config = load_config(args.file)  # a ConfigError is reported by main()
     backend = config.store.url.split(":")[0]
     _out(f"{args.file}: OK ({len(config.targets)} target(s), store {backend})")
     return EXIT_OK
@@ -114,10 +111,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from tritonwatch.serve import EXIT_STORE_IN_USE, serve
     from tritonwatch.store import StoreError, WriterLockHeld
 
-    try:
-        config = load_config(args.config)
-    except ConfigError as exc:
-        return _config_errors(exc)
+    config = load_config(args.config)  # a ConfigError is reported by main()
     listen = args.listen or config.api.listen
     problem = listen_problem(listen)
     if problem is not None:
@@ -425,11 +419,8 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     from tritonwatch.replay import ReplayError, backtest
     from tritonwatch.store import StoreError, open_store
 
-    try:
-        config = load_config(args.config)
-        rules = _load_rules(args.rules)
-    except ConfigError as exc:
-        return _config_errors(exc)
+    config = load_config(args.config)  # a ConfigError is reported by main()
+    rules = _load_rules(args.rules)
     step = args.step or config.alerting.eval_interval
     try:
         with open_store(config.store.url) as store:
@@ -576,7 +567,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         _err(f"{args.command}: interrupted")
         return EXIT_INTERRUPTED
-    except ConfigError as exc:
+    except ConfigError as exc:  # from any command: every line, each naming its key
         return _config_errors(exc)
     except Exception as exc:
         # Not foreseen: still one line (with any URL's credentials masked), the traceback on -v.
