@@ -148,6 +148,25 @@ def _numel(shape: tuple[int, ...]) -> int:
     return n
 
 
+def _transport_failure(exc: httpx.HTTPError, *, post: bool, stream: bool = False) -> ProbeFailure:
+    """The classified failure for an HTTP error of the metadata GET or of the probe's POST.
+
+    They differ on purpose: on the POST a connect timeout is a connect failure, not a slow
+    answer; a ``stream`` cut short is truncated_stream; another HTTP error is a protocol failure
+    there, a connect failure on the GET.
+    """
+    if isinstance(exc, httpx.ConnectError):
+        return ProbeFailure("connect", str(exc) or type(exc).__name__)
+    if post and isinstance(exc, httpx.ConnectTimeout):
+        return ProbeFailure("connect", f"connect timed out: {exc}")
+    if isinstance(exc, httpx.TimeoutException):
+        return ProbeFailure("timeout", f"{type(exc).__name__}: {exc}")
+    if post and isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError):
+        kind: ErrorKind = "truncated_stream" if stream else "connect"
+        return ProbeFailure(kind, f"connection closed: {exc}")
+    return ProbeFailure("protocol" if post else "connect", f"{type(exc).__name__}: {exc}")
+
+
 def _get_json(client: httpx.Client, url: str, timeout: float) -> dict[str, Any]:
     """GET a JSON object of at most MAX_METADATA_BYTES; ProbeFailure (classified) otherwise."""
     try:
@@ -161,12 +180,8 @@ def _get_json(client: httpx.Client, url: str, timeout: float) -> dict[str, Any]:
                     )
             if resp.status_code >= 400:
                 raise ProbeFailure("server_error", _error_text(body), str(resp.status_code))
-    except httpx.ConnectError as exc:
-        raise ProbeFailure("connect", str(exc) or type(exc).__name__) from None
-    except httpx.TimeoutException as exc:
-        raise ProbeFailure("timeout", f"{type(exc).__name__}: {exc}") from None
     except httpx.HTTPError as exc:
-        raise ProbeFailure("connect", f"{type(exc).__name__}: {exc}") from None
+        raise _transport_failure(exc, post=False) from None
     try:
         data = json.loads(body)
     except ValueError:
@@ -234,19 +249,8 @@ def _stream_post(
                     raise ProbeFailure("timeout", f"stream still open after {timeout:g}s")
             if end_marker is None:
                 ended = not parser.pending
-    # Mapped apart from _get_json's on purpose: a stream can be cut short (truncated_stream),
-    # and a connect timeout is a connect failure here, not a slow answer.
-    except httpx.ConnectError as exc:
-        raise ProbeFailure("connect", str(exc) or type(exc).__name__) from None
-    except httpx.ConnectTimeout as exc:
-        raise ProbeFailure("connect", f"connect timed out: {exc}") from None
-    except httpx.TimeoutException as exc:
-        raise ProbeFailure("timeout", f"{type(exc).__name__}: {exc}") from None
-    except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
-        kind: ErrorKind = "truncated_stream" if on_event is not None else "connect"
-        raise ProbeFailure(kind, f"connection closed: {exc}") from None
     except httpx.HTTPError as exc:
-        raise ProbeFailure("protocol", f"{type(exc).__name__}: {exc}") from None
+        raise _transport_failure(exc, post=True, stream=on_event is not None) from None
     if not ended:
         raise ProbeFailure("truncated_stream", "stream ended without its end marker")
     if not rec.token_ns:
