@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
+from dataclasses import KW_ONLY, dataclass, field
 
 import pytest
 
 from tritonwatch.alerts.engine import Engine
 from tritonwatch.alerts.notify import Dispatcher, OutgoingAlert
 from tritonwatch.schemas.alerts import AlertCandidate, AlertEvent, AlertState, fingerprint
-from tritonwatch.schemas.samples import make_labels
+from tritonwatch.schemas.samples import Labels, make_labels
 from tritonwatch.store import Store, StoreError, open_store
 from tritonwatch.store.alerts import AlertStore, StoredAlert
 
@@ -33,19 +34,18 @@ def sqlite_store(tmp_path) -> Iterator[Store]:
     s.close()
 
 
+@dataclass(eq=False)  # compared and hashed by identity, as a real rule
 class ScriptedRule:
     """A rule whose condition at each time comes from ``truth(now)``."""
 
-    def __init__(self, name: str = "KVCacheFull", *, for_s: float = 0.0,
-                 keep_firing_for_s: float = 0.0, truth: Callable[[float], bool] = lambda _: True,
-                 labels=LABELS, fail: Callable[[float], bool] = lambda _: False) -> None:
-        self.name = name
-        self.for_s = for_s
-        self.keep_firing_for_s = keep_firing_for_s
-        self.truth = truth
-        self.labels = labels
-        self.fail = fail
-        self.calls = 0
+    name: str = "KVCacheFull"
+    _: KW_ONLY
+    for_s: float = 0.0
+    keep_firing_for_s: float = 0.0
+    truth: Callable[[float], bool] = lambda _: True
+    labels: Labels = LABELS
+    fail: Callable[[float], bool] = lambda _: False
+    calls: int = field(default=0, init=False)
 
     def evaluate(self, store: Store, now: float) -> list[AlertCandidate]:
         self.calls += 1
