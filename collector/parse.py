@@ -235,40 +235,31 @@ def parse_fast(text: str, *, exposed_names: bool = False) -> list[MetricFamily] 
             continue
         if line[0] == "#":
             line = line.strip()
-            # The HELP and TYPE branches look alike on purpose: each is the reference's own
-            # branch, line for line (a new name resets ``typ`` in one, ``doc`` in the other).
             if line.startswith("# HELP "):
-                cand, _, help_text = line[7:].partition(" ")
-                if not _valid_metric_name(cand) or (
-                    help_text and help_text[0] in _ASCII_WHITESPACE
-                ):
+                cand, _, text = line[7:].partition(" ")
+                if not _valid_metric_name(cand) or (text and text[0] in _ASCII_WHITESPACE):
                     return None
-                if cand != name:
-                    if not _close(out, name, doc, typ, samples, exposed_names):
-                        return None
-                    name = cand
-                    typ = "untyped"
-                    samples = []
-                    allowed = (cand,)
-                if "\\" in help_text:
-                    help_text = _HELP_ESCAPE_RE.sub(_help_unescape, help_text)
-                doc = help_text
             elif line.startswith("# TYPE "):
-                cand, _, new_typ = line[7:].partition(" ")
-                if not _valid_metric_name(cand) or new_typ not in _FAST_TYPES:
+                cand, _, text = line[7:].partition(" ")
+                if not _valid_metric_name(cand) or text not in _FAST_TYPES:
                     return None
-                if cand != name:
-                    if not _close(out, name, doc, typ, samples, exposed_names):
-                        return None
-                    name = cand
-                    doc = ""
-                    samples = []
-                typ = new_typ
-                allowed = tuple(name + s for s in _ALLOWED_SUFFIXES.get(typ, ("",)))
             else:
                 # Plain comments are harmless, but the reference tokenises them with rules
                 # (quote tracking, repeated separators) that can turn one into a HELP.
                 return None
+            if cand != name:
+                # A new name closes the family, as in the reference: its HELP or TYPE line then
+                # sets doc or typ, and the other keeps the reference's start value.
+                if not _close(out, name, doc, typ, samples, exposed_names):
+                    return None
+                name, doc, typ, samples, allowed = cand, "", "untyped", [], (cand,)
+            if line[2] == "H":
+                if "\\" in text:
+                    text = _HELP_ESCAPE_RE.sub(_help_unescape, text)
+                doc = text
+            else:
+                typ = text
+                allowed = tuple(name + s for s in _ALLOWED_SUFFIXES.get(typ, ("",)))
             continue
 
         # The value is the text after the last space: label values may hold spaces, values
