@@ -12,19 +12,29 @@ PostgreSQL ``text`` column (and the whole transaction with it).
 * :func:`db_text` makes a text storable on both backends (NUL replaced, length bounded).
 * :class:`RepeatLimiter` lets a line through once per key per interval and counts what it held
   back, so the next line it lets through can say how many were suppressed.
+* :class:`ReplacingFilter` keeps registered secrets out of a library's own log records (httpx
+  quotes every request's full URL), one instance per registrant.
 
 No I/O here (this module sits under every other): callers log.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 
-__all__ = ["DB_TEXT_MAX", "LOG_VALUE_MAX", "RepeatLimiter", "db_text", "log_safe"]
+__all__ = [
+    "DB_TEXT_MAX",
+    "LOG_VALUE_MAX",
+    "RepeatLimiter",
+    "ReplacingFilter",
+    "db_text",
+    "log_safe",
+]
 
 #: Default bound on one logged value, in characters (after escaping).
 LOG_VALUE_MAX = 300
@@ -143,3 +153,39 @@ class RepeatLimiter:
         """Let the next line of ``key`` through (e.g. a state change that must be seen)."""
         with self._lock:
             self._seen.pop(key, None)
+
+
+class ReplacingFilter(logging.Filter):
+    """A log filter that rewrites each record's message: every registered string replaced by
+    its stand-in (longest first, so a secret inside a longer one cannot leave the rest behind),
+    then ``finish`` applied.  It does nothing until something is registered.  Thread-safe.
+
+    alerts/notify masks webhook secrets with it, collector/remote_write the receivers' URLs;
+    each installs its own instance on the loggers it guards.
+    """
+
+    def __init__(self, finish: Callable[[str], str] | None = None) -> None:
+        super().__init__()
+        self._lock = threading.Lock()
+        self._finish = finish
+        self._replacements: tuple[tuple[str, str], ...] = ()
+
+    def add(self, replacements: Mapping[str, str]) -> None:
+        with self._lock:
+            merged = dict(self._replacements) | dict(replacements)
+            self._replacements = tuple(
+                sorted(merged.items(), key=lambda item: len(item[0]), reverse=True)
+            )
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        replacements = self._replacements
+        if replacements:
+            message = record.getMessage()
+            cleaned = message
+            for raw, stand_in in replacements:
+                cleaned = cleaned.replace(raw, stand_in)
+            if self._finish is not None:
+                cleaned = self._finish(cleaned)
+            if cleaned != message:
+                record.msg, record.args = cleaned, ()
+        return True

@@ -32,7 +32,6 @@ import base64
 import json
 import logging
 import re
-import threading
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple, Protocol
@@ -42,6 +41,7 @@ import httpx
 
 from tritonwatch.schemas.alerts import EventStatus
 from tritonwatch.schemas.samples import Labels
+from tritonwatch.schemas.untrusted import ReplacingFilter
 
 REDACTED = "<redacted>"
 _BODY_LIMIT = 512  # characters of a failed response body quoted in errors
@@ -179,45 +179,16 @@ def scrub(text: str, secrets: Iterable[str]) -> str:
     return scrub_credentials(text)
 
 
-class _ScrubFilter(logging.Filter):
-    """Scrubs registered secrets from httpx's own log records.
-
-    httpx logs every request at INFO as ``HTTP Request: POST <full URL> ...``; with a chat
-    webhook that line would carry the token in its path to whatever handler is configured.
-    collector/remote_write/writer.py's ``_RedactUrls`` hooks the same loggers the same way,
-    deliberately apart: the collector may not import alerts (nor alerts the collector), it
-    swaps whole URLs for their redacted form where this masks secrets wherever they stand,
-    and a filter shared by both would belong below both packages.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._lock = threading.Lock()
-        self._secrets: tuple[str, ...] = ()
-
-    def add(self, secrets: Iterable[str]) -> None:
-        with self._lock:
-            merged = set(self._secrets) | set(secrets)
-            self._secrets = tuple(sorted(merged, key=len, reverse=True))
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        secrets = self._secrets
-        if secrets:
-            message = record.getMessage()
-            cleaned = scrub(message, secrets)
-            if cleaned != message:
-                record.msg, record.args = cleaned, ()
-        return True
-
-
-_HTTP_LOG_FILTER = _ScrubFilter()
+# httpx logs every request at INFO as ``HTTP Request: POST <full URL> ...``; with a chat
+# webhook that line would carry the token in its path to whatever handler is configured.
+_HTTP_LOG_FILTER = ReplacingFilter(finish=scrub_credentials)
 for _name in ("httpx", "httpcore"):
     logging.getLogger(_name).addFilter(_HTTP_LOG_FILTER)
 
 
 def register_secrets(secrets: Iterable[str]) -> None:
     """Keep ``secrets`` out of httpx's and httpcore's log records from now on."""
-    _HTTP_LOG_FILTER.add(secrets)
+    _HTTP_LOG_FILTER.add(dict.fromkeys(secrets, REDACTED))
 
 
 def rfc3339(ts: float) -> str:

@@ -53,7 +53,7 @@ from tritonwatch.collector.remote_write.buffer import Record, SegmentBuffer
 from tritonwatch.collector.remote_write.encode import Batch, Encoder
 from tritonwatch.schemas.remote_write import RemoteWriteConfig
 from tritonwatch.schemas.samples import Labels, Sample
-from tritonwatch.schemas.untrusted import RepeatLimiter, log_safe
+from tritonwatch.schemas.untrusted import RepeatLimiter, ReplacingFilter, log_safe
 from tritonwatch.schemas.values import redact_url_text
 
 log = logging.getLogger(__name__)
@@ -73,28 +73,9 @@ CLOSE_TIMEOUT_S = 5.0
 LOG_REPEAT_S = 300.0
 
 
-class _RedactUrls(logging.Filter):
-    """Masks the receivers' URLs (userinfo and query carry secrets) in httpx's and httpcore's
-    own log lines, which quote the request URL whole."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.urls: dict[str, str] = {}
-
-    # Shaped like alerts/notify/base.py's secret scrubber, by design not shared: the collector
-    # does not import alerts, and this one puts each URL's redacted form in its place.
-    def filter(self, record: logging.LogRecord) -> bool:
-        if self.urls:
-            message = record.getMessage()
-            cleaned = message
-            for raw, redacted in self.urls.items():
-                cleaned = cleaned.replace(raw, redacted)
-            if cleaned != message:
-                record.msg, record.args = cleaned, ()
-        return True
-
-
-_URL_FILTER = _RedactUrls()
+# Masks the receivers' URLs (userinfo and query carry secrets) in httpx's and httpcore's own
+# log lines, which quote the request URL whole: each URL is replaced by its redacted form.
+_URL_FILTER = ReplacingFilter()
 for _name in ("httpx", "httpcore"):
     logging.getLogger(_name).addFilter(_URL_FILTER)
 
@@ -177,11 +158,10 @@ class RemoteWriter:
         self.name = config.name
         self.url_redacted = redact_url_text(config.url)
         if self.url_redacted != config.url:
-            _URL_FILTER.urls[config.url] = self.url_redacted
             # httpx logs the URL as it sends it: without the userinfo (sent as a header).
             parts = urlsplit(config.url)
             bare = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
-            _URL_FILTER.urls[bare] = self.url_redacted
+            _URL_FILTER.add({config.url: self.url_redacted, bare: self.url_redacted})
         self.clock = clock
         self._transport = transport
         queue = config.queue
