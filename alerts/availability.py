@@ -134,20 +134,17 @@ class FailureRatioSpikeRule(BuiltinRule):
                 f"{base * 100:.2f} % in the hour before; "
                 f"{fmt_value(total_now, 'req/s')} ({fmt_change(total_now, total_base)})"
             )
-            ann = {
-                "summary": summary,
-                "description": (
-                    f"{where(labels)} on {target}: {mean(a):.3g} failures/s with reason "
-                    f"{reason} out of {total_now:.3g} requests/s over the last "
-                    f"{format_duration(self.window)} ({ratio * 100:.1f} %, threshold "
-                    f"{self.threshold * 100:.0f} %); baseline {base * 100:.2f} % over the "
-                    f"{format_duration(self.baseline_window)} before."
-                ),
-                "failure_ratio": f"{ratio:.4g}",
-                "baseline_ratio": f"{base:.4g}",
-                "request_rate": f"{total_now:.4g}",
-            }
-            out.append(self.candidate(target, labels, ann, ratio))
+            description = (
+                f"{where(labels)} on {target}: {mean(a):.3g} failures/s with reason "
+                f"{reason} out of {total_now:.3g} requests/s over the last "
+                f"{format_duration(self.window)} ({ratio * 100:.1f} %, threshold "
+                f"{self.threshold * 100:.0f} %); baseline {base * 100:.2f} % over the "
+                f"{format_duration(self.baseline_window)} before."
+            )
+            out.append(self.candidate(
+                target, labels, ratio, summary, description, failure_ratio=f"{ratio:.4g}",
+                baseline_ratio=f"{base:.4g}", request_rate=f"{total_now:.4g}",
+            ))
         return out
 
 
@@ -196,11 +193,9 @@ class TargetDownRule(BuiltinRule):
                 why = f"it has not been scraped for {format_duration(round(age))}"
             if target in errors:
                 why += f": {errors[target]}"
-            ann = {
-                "summary": f"Target {target} is not answering",
-                "description": f"Tritonwatch cannot read {target}: {why}.",
-                "last_scrape_age_seconds": f"{age:.0f}",
-            }
-            out.append(self.candidate(target, (), ann, age))
+            out.append(self.candidate(
+                target, (), age, f"Target {target} is not answering",
+                f"Tritonwatch cannot read {target}: {why}.", last_scrape_age_seconds=f"{age:.0f}",
+            ))
         return out
 

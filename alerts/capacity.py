@@ -47,17 +47,13 @@ class KvCacheSaturationRule(BuiltinRule):
             summary = f"KV-cache utilization {fmt_value(u, 'ratio')} (>= " + (
                 f"{fmt_value(self.threshold, 'ratio')})" + "".join(f"; {t}" for t in moved)
             )
-            ann = {
-                "summary": summary,
-                "description": (
-                    f"KV-cache of {where(labels)} on {target} is {u * 100:.1f} % used "
-                    f"({format_duration(self.window)} mean), threshold "
-                    f"{self.threshold * 100:.0f} %: new requests wait or are preempted."
-                ),
-                "utilization": f"{u:.4g}",
-                "threshold": f"{self.threshold:g}",
-            }
-            out.append(self.candidate(target, labels, ann, u))
+            description = (
+                f"KV-cache of {where(labels)} on {target} is {u * 100:.1f} % used "
+                f"({format_duration(self.window)} mean), threshold "
+                f"{self.threshold * 100:.0f} %: new requests wait or are preempted."
+            )
+            out.append(self.candidate(target, labels, u, summary, description,
+                                      utilization=f"{u:.4g}", threshold=f"{self.threshold:g}"))
         return out
 
 
@@ -118,19 +114,16 @@ class KvCacheForecastRule(BuiltinRule):
                 f"KV-cache {fmt_value(level, 'ratio')} and rising "
                 f"{slope * 6000:.1f} %/min: full in ~{eta / 60:.0f} min"
             )
-            ann = {
-                "summary": summary,
-                "description": (
-                    f"A least-squares line through the last {format_duration(self.window)} of "
-                    f"KV-cache utilization of {where(labels)} on {target} ({len(y)} points, "
-                    f"slope t={t_stat:.1f}) reaches {self.threshold * 100:.0f} % in "
-                    f"{eta / 60:.1f} min (horizon {format_duration(self.horizon)})."
-                ),
-                "utilization": f"{level:.4g}",
-                "slope_per_minute": f"{slope * 60:.4g}",
-                "seconds_to_exhaustion": f"{eta:.0f}",
-            }
-            out.append(self.candidate(target, labels, ann, eta))
+            description = (
+                f"A least-squares line through the last {format_duration(self.window)} of "
+                f"KV-cache utilization of {where(labels)} on {target} ({len(y)} points, "
+                f"slope t={t_stat:.1f}) reaches {self.threshold * 100:.0f} % in "
+                f"{eta / 60:.1f} min (horizon {format_duration(self.horizon)})."
+            )
+            out.append(self.candidate(
+                target, labels, eta, summary, description, utilization=f"{level:.4g}",
+                slope_per_minute=f"{slope * 60:.4g}", seconds_to_exhaustion=f"{eta:.0f}",
+            ))
         return out
 
 
@@ -183,14 +176,11 @@ class GpuIdleWhileQueuedRule(BuiltinRule):
             f"GPU idle while requests queue ({share * 100:.0f} % of the last "
             f"{format_duration(self.window)})" + "".join(f"; {t}" for t in extra)
         )
-        ann = {
-            "summary": summary,
-            "description": (
-                f"GPU {where(labels)} of {target} was idle while models on it had queued "
-                f"requests for {share * 100:.0f} % of the last {format_duration(self.window)}: "
-                "check instance placement, max_queue_delay_microseconds and the input pipeline."
-            ),
-            "idle_share": f"{share:.3g}",
-        }
-        return self.candidate(target, labels, ann, share)
+        description = (
+            f"GPU {where(labels)} of {target} was idle while models on it had queued "
+            f"requests for {share * 100:.0f} % of the last {format_duration(self.window)}: "
+            "check instance placement, max_queue_delay_microseconds and the input pipeline."
+        )
+        return self.candidate(target, labels, share, summary, description,
+                              idle_share=f"{share:.3g}")
 

@@ -5,7 +5,6 @@ alerts."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -40,13 +39,16 @@ class BuiltinRule:
     keep_firing_for_s: float
 
     def candidate(
-        self, target: str, extra: Labels, annotations: Mapping[str, str], value: float
+        self, target: str, extra: Labels, value: float, summary: str, description: str,
+        **figures: str,
     ) -> AlertCandidate:
         """An alert instance on ``target``; ``extra`` (the model, GPU, ...) names the instance
-        beside the target."""
+        beside the target.  Its annotations: ``summary``, ``description`` and the ``figures``
+        that led to it (each formatted by the rule)."""
         lbl = {"alertname": self.alertname, "rule": self.name, "target": target,
                "severity": self.severity}
         lbl.update(dict(extra))
+        annotations = {"summary": summary, "description": description, **figures}
         return AlertCandidate(make_labels(lbl), make_labels(annotations), value)
 
 
