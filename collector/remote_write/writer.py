@@ -41,7 +41,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 import cramjam
 import httpx
@@ -54,7 +54,7 @@ from tritonwatch.collector.remote_write.encode import Batch, Encoder
 from tritonwatch.schemas.remote_write import RemoteWriteConfig
 from tritonwatch.schemas.samples import Labels, Sample
 from tritonwatch.schemas.untrusted import RepeatLimiter, ReplacingFilter, log_safe
-from tritonwatch.schemas.values import redact_url_text
+from tritonwatch.schemas.values import REDACTED, redact_url_text
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +76,9 @@ LOG_REPEAT_S = 300.0
 # Masks the receivers' URLs (userinfo and query carry secrets) in httpx's and httpcore's own
 # log lines, which quote the request URL whole: each URL is replaced by its redacted form.
 _URL_FILTER = ReplacingFilter()
+#: Query values this long or longer are masked on their own as well (shorter ones, such as
+#: ``v=1``, would mask unrelated text and are no secret).
+_MIN_SECRET_PIECE = 6
 for _name in ("httpx", "httpcore"):
     logging.getLogger(_name).addFilter(_URL_FILTER)
 
@@ -160,8 +163,18 @@ class RemoteWriter:
         if self.url_redacted != config.url:
             # httpx logs the URL as it sends it: without the userinfo (sent as a header).
             parts = urlsplit(config.url)
-            bare = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
-            _URL_FILTER.add({config.url: self.url_redacted, bare: self.url_redacted})
+            userinfo, _, host = parts.netloc.rpartition("@")
+            bare = urlunsplit(parts._replace(netloc=host))
+            replacements = {config.url: self.url_redacted, bare: self.url_redacted}
+            # The pieces too: another filter on the same logger (alerts/notify masks secret
+            # query parameters) may have rewritten part of the URL first, and then the whole
+            # URL no longer matches while its password or other query values still would.
+            if userinfo:
+                replacements[f"{userinfo}@"] = f"{REDACTED}@"
+            for _, value in parse_qsl(parts.query):
+                if len(value) >= _MIN_SECRET_PIECE:
+                    replacements[value] = REDACTED
+            _URL_FILTER.add(replacements)
         self.clock = clock
         self._transport = transport
         queue = config.queue
