@@ -32,7 +32,7 @@ import time
 from collections.abc import Container, Iterable, Mapping
 from contextlib import AbstractContextManager
 from operator import itemgetter
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 from sqlalchemy import Engine
@@ -56,6 +56,7 @@ from tritonwatch.store.flush import BufferedScrape, SampleWriter, SeriesRefused
 from tritonwatch.store.jobs import Maintenance
 from tritonwatch.store.migrate import Migrations
 from tritonwatch.store.reads import Query, Reader
+from tritonwatch.store.tsdb import TsdbReader
 from tritonwatch.store.values import SeriesColumns, SeriesKey
 
 log = logging.getLogger(__name__)
@@ -72,7 +73,8 @@ _VALUE = itemgetter(2)
 def open_store(
     url: str, *, batch_rows: int = 50_000, timeout_s: float = 10.0,
     statement_timeout_s: float = DEFAULT_STATEMENT_TIMEOUT_S, read_only: bool = False,
-    scratch: bool = False,
+    scratch: bool = False, timeseries: TsdbReader | None = None,
+    sink: SampleSink | None = None,
 ) -> Store:
     """Open the store at ``url``: ``sqlite:///path.db`` or ``postgresql://user:pw@host/db``.
 
@@ -82,11 +84,21 @@ def open_store(
     ``statement_timeout`` (``store.engine`` explains how a server that stops answering is
     caught).  ``read_only``: the database refuses every write (the dashboard).  ``scratch``:
     a throwaway SQLite file with no journal and no fsync (``replay``; lost on a crash).
+    ``timeseries`` and ``sink``: time series live on a TSDB (``store.tsdb``), samples go to
+    ``sink`` and reads to ``timeseries``; the database keeps the relational state only.
     Raises ValueError for an unsupported URL.
     """
     return Store(url, batch_rows=batch_rows, timeout_s=timeout_s,
                  statement_timeout_s=statement_timeout_s, read_only=read_only,
-                 scratch=scratch)
+                 scratch=scratch, timeseries=timeseries, sink=sink)
+
+
+class SampleSink(Protocol):
+    """Where a store with its time series on a TSDB sends samples: the remote-write queue
+    (``collector.remote_write``, wired by ``tritonwatch/serve.py``), NaN already left out."""
+
+    def append_columns(self, target: str, ts: float, names: list[str], labels: list[Labels],
+                       values: np.ndarray[Any, np.dtype[np.float64]]) -> None: ...
 
 
 class Pending(NamedTuple):
@@ -128,6 +140,7 @@ class Store:
         self, url: str, *, batch_rows: int = 50_000, timeout_s: float = 10.0,
         statement_timeout_s: float = DEFAULT_STATEMENT_TIMEOUT_S,
         read_only: bool = False, scratch: bool = False,
+        timeseries: TsdbReader | None = None, sink: SampleSink | None = None,
     ) -> None:
         if batch_rows < 1:
             raise ValueError(f"batch_rows must be at least 1, got {batch_rows!r}")
@@ -159,6 +172,10 @@ class Store:
         self._closed = False
         self._health_up: records.HealthUp | None = None  # stored up, per (target, source)
         self._reader = Reader(scratch=scratch)
+        #: With a TSDB, samples go to ``_sink`` and time-series reads to ``_tsdb``; rollups,
+        #: compaction and retention of samples are then the TSDB's (the SQL tables stay empty).
+        self._tsdb = timeseries
+        self._sink = sink
         self._writer = SampleWriter(self._engine, self._reader)
         #: Creates the schema and upgrades an older one (``store.migrate``).
         self.migrations = Migrations(self._engine, self.url_redacted)
@@ -205,6 +222,8 @@ class Store:
             for buffer in self._buffers:
                 buffer.close()
             self._engine.dispose()
+            if self._tsdb is not None:
+                self._tsdb.close()
 
     def interrupt(self) -> int:
         """End the database calls in progress now, and fail later ones at once until
@@ -292,6 +311,14 @@ class Store:
             log.debug("store: skipped %d NaN samples of %s", nan, target)
             if nan == n:
                 return 0
+        if self._sink is not None:
+            if nan:
+                keep = ~np.isnan(values)
+                at = np.flatnonzero(keep).tolist()
+                names, labels, values = [names[i] for i in at], [labels[i] for i in at], \
+                    values[keep]
+            self._sink.append_columns(target, ts, names, labels, values)
+            return n - nan
         buffered = self._samples.add([(target, round(ts * 1000), names, labels, values, nan)])
         if buffered >= self._batch_rows and time.monotonic() >= self._retry_after:
             self._auto_flush()
@@ -451,6 +478,8 @@ class Store:
         (:class:`store.values.SeriesColumns`; ``.series()`` for one list per series): raw, or
         aggregated into buckets when ``q.step`` is given (:class:`store.reads.Query`).  Series
         without samples in the window are left out."""
+        if self._tsdb is not None:
+            return self._tsdb.read(q)
         with self._db("query buckets" if q.step is not None else "query range"), \
                 transaction(self._engine, write=False) as conn:
             return self._reader.read(conn, q)
@@ -473,11 +502,15 @@ class Store:
         return [(key, inc / ((last - first) / 1000)) for key, inc, first, last in self._increase(q)]
 
     def _increase(self, q: Query) -> list[tuple[SeriesKey, float, int, int]]:
+        if self._tsdb is not None:
+            return self._tsdb.increase(q)
         with self._db("query increase"), transaction(self._engine, write=False) as conn:
             return self._reader.increase(conn, q)
 
     def series(self, q: Query | None = None) -> list[SeriesKey]:
         """The series ``q`` selects (all without it), sorted by key; its window is ignored."""
+        if self._tsdb is not None:
+            return self._tsdb.find(q or Query())
         with self._db("query series"), transaction(self._engine, write=False) as conn:
             return [key for _, key in self._reader.find(conn, q or Query())]
 
@@ -488,6 +521,8 @@ class Store:
         target, name and stored label text: the catalogue one page at a time (keyset paging,
         ``query.select_page``).  With ``q.start`` or ``q.end``, only series with a sample in
         the window (at most ``q.max_samples`` read).  Selects by ``where``, not ``match``."""
+        if self._tsdb is not None:
+            return self._tsdb.series_page(q or Query(), after=after, limit=limit)
         with self._db("query series"), transaction(self._engine, write=False) as conn:
             return self._reader.series_page(conn, q or Query(), after=after, limit=limit)
 
