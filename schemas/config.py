@@ -28,7 +28,7 @@ from tritonwatch.schemas.alerting import AlertingConfig
 from tritonwatch.schemas.cluster import ClusterConfig
 from tritonwatch.schemas.nvml import NvmlConfig
 from tritonwatch.schemas.probes import ProbeConfig
-from tritonwatch.schemas.remote_write import RemoteWriteConfig
+from tritonwatch.schemas.remote_write import RemoteWriteConfig, TimeseriesConfig
 from tritonwatch.schemas.reports import ReportsConfig
 
 # Re-exported: the store's spill directory and the remote-write buffers default under it.
@@ -221,6 +221,17 @@ class StoreConfig(Frozen):
     writer_lock: bool = True
     """PostgreSQL: refuse to start while another ``serve`` writes to the same database (an
     advisory lock).  SQLite always takes its lock file."""
+    timeseries: TimeseriesConfig | None = None
+    """Time series on a Prometheus-compatible TSDB (``schemas/remote_write.py``); ``url``
+    must then be PostgreSQL, which keeps the relational state (README "Time series on a
+    TSDB")."""
+
+    @model_validator(mode="after")
+    def _timeseries_beside_postgres(self) -> StoreConfig:
+        if self.timeseries is not None and self.url.split(":", 1)[0] == "sqlite":
+            raise ValueError("timeseries: needs url to be PostgreSQL (postgresql://...), which "
+                             "keeps the relational state beside the TSDB")
+        return self
 
     @field_validator("url")
     @classmethod
@@ -332,6 +343,14 @@ class Config(Frozen):
         repeat = first_repeat([target.name for target in self.targets])
         if repeat is not None:
             raise ValueError(f"target name {repeat[1]!r} is used twice")
+        return self
+
+    @model_validator(mode="after")
+    def _store_receiver_name(self) -> Config:
+        if self.store.timeseries is not None and any(
+                r.name == "store" for r in self.remote_write):
+            raise ValueError("remote_write: the name 'store' is taken by store.timeseries "
+                             "(its samples travel as a receiver of that name)")
         return self
 
     @model_validator(mode="after")

@@ -125,3 +125,52 @@ class RemoteWriteConfig(Frozen):
                 raise ValueError(f"labels: {key!r} is not a valid label name "
                                  "([a-zA-Z_][a-zA-Z0-9_]*, not starting with __)")
         return self
+
+
+class TimeseriesConfig(Frozen):
+    """``store.timeseries``: time series on a Prometheus-compatible TSDB (VictoriaMetrics,
+    Mimir, Thanos, Prometheus).  Samples go out by remote-write to ``write_url`` (the queue and
+    on-disk buffer of a ``remote_write`` receiver); the alert engine, API, dashboard and
+    report read them by PromQL from ``query_url``; ``store.url`` (PostgreSQL) keeps the
+    relational state."""
+
+    write_url: HttpUrl = Field(repr=False)
+    """Remote-write endpoint, e.g. ``http://vminsert:8480/insert/0/prometheus/api/v1/write``."""
+    query_url: HttpUrl = Field(repr=False)
+    """Prometheus HTTP API root (what precedes ``/api/v1/query``), e.g.
+    ``http://vmselect:8481/select/0/prometheus`` or ``http://victoria-metrics:8428``."""
+    headers: Headers = Field(default_factory=dict, repr=False)
+    """Sent with writes and queries (``X-Scope-OrgID`` for Mimir); values never logged."""
+    basic_auth: BasicAuth | None = Field(default=None, repr=False)
+    bearer_token: str | None = Field(default=None, min_length=1, max_length=10_000, repr=False)
+    timeout: PositiveDuration = 30.0
+    """Per-request deadline of a write and of a query."""
+    max_response_size: ByteSize = 256 * 1024**2
+    """A query answer larger than this is refused (the read fails with the limit named)."""
+    queue: RemoteWriteQueue = RemoteWriteQueue()
+    buffer: RemoteWriteBuffer = RemoteWriteBuffer()
+
+    @model_validator(mode="after")
+    def _one_authorization(self) -> TimeseriesConfig:
+        ways = [w for w, on in (("basic_auth", self.basic_auth is not None),
+                                ("bearer_token", self.bearer_token is not None),
+                                ("an Authorization header",
+                                 any(h.lower() == "authorization" for h in self.headers)))
+                if on]
+        if len(ways) > 1:
+            raise ValueError(f"set one of {' and '.join(ways)}, not both")
+        return self
+
+    def as_remote_write(self) -> RemoteWriteConfig:
+        """The remote-write receiver that carries the store's samples (named ``store``)."""
+        return RemoteWriteConfig(
+            name="store", url=self.write_url, headers=self.headers, basic_auth=self.basic_auth,
+            bearer_token=self.bearer_token, timeout=self.timeout, queue=self.queue,
+            buffer=self.buffer)
+
+    def auth_headers(self) -> dict[str, str]:
+        """Headers of a query: ``headers`` plus the bearer token (basic auth goes apart)."""
+        out = dict(self.headers)
+        if self.bearer_token is not None:
+            out["Authorization"] = f"Bearer {self.bearer_token}"
+        return out

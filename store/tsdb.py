@@ -38,6 +38,7 @@ from urllib.parse import urlencode, urlsplit, urlunsplit
 import httpx
 import numpy as np
 
+from tritonwatch.schemas.remote_write import TimeseriesConfig
 from tritonwatch.schemas.samples import label_value, labels_json, make_labels
 from tritonwatch.store.errors import LimitExceeded, QueryError, StoreError
 from tritonwatch.store.query import AGGS
@@ -145,6 +146,14 @@ class TsdbReader:
         self._max_bytes = max_response_bytes
         self._http = httpx.Client(headers=dict(headers or {}), auth=auth,
                                   timeout=httpx.Timeout(timeout_s))
+
+    @classmethod
+    def from_config(cls, config: TimeseriesConfig) -> TsdbReader:
+        """The reader of ``store.timeseries`` (its auth, headers, timeout and size bound)."""
+        auth = config.basic_auth
+        return cls(config.query_url, headers=config.auth_headers(),
+                   auth=None if auth is None else (auth.username, auth.password),
+                   timeout_s=config.timeout, max_response_bytes=config.max_response_size)
 
     def close(self) -> None:
         self._http.close()

@@ -38,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
     from tritonwatch.alerts.report.weeks import Week
     from tritonwatch.schemas.config import ConfigError, load_config
     from tritonwatch.store import StoreError, open_store
+    from tritonwatch.store.tsdb import TsdbReader
 
     try:
         config = load_config(args.config)
@@ -54,7 +55,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     out_dir = Path(args.out) if args.out else config.reports.out_dir
     try:
-        with open_store(config.store.url) as store:
+        ts = config.store.timeseries
+        with open_store(config.store.url, timeseries=None if ts is None
+                        else TsdbReader.from_config(ts)) as store:
             store.migrations.apply()
             produced = produce(store, config, week, specs=specs, replace=True,
                                out_dir=out_dir, formats=args.format or config.reports.formats)

@@ -58,6 +58,8 @@ from tritonwatch.collector.remote_write.writer import RemoteWrite
 from tritonwatch.collector.self_metrics import SelfMetrics
 from tritonwatch.schemas.config import Config
 from tritonwatch.store import Pending, Store, open_store, spill, writer_lock
+from tritonwatch.store.store import SampleSink
+from tritonwatch.store.tsdb import TsdbReader
 from tritonwatch.store.writer_lock import WriterLock
 
 log = logging.getLogger(__name__)
@@ -95,12 +97,18 @@ def split_listen(listen: str) -> tuple[str, int]:
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
-def prepare_store(config: Config) -> Store:
+def prepare_store(config: Config, sink: SampleSink | None = None) -> Store:
+    """The store of ``config``, schema applied, last shutdown's spill taken back.  With
+    ``store.timeseries``, samples go to ``sink`` (the TSDB's remote-write receiver, see
+    :func:`timeseries_writer`) and time-series reads to the TSDB."""
     url = config.store.url
     if url.startswith("sqlite:///"):
         Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    ts = config.store.timeseries
     store = open_store(url, batch_rows=config.store.batch_samples, timeout_s=STORE_TIMEOUT_S,
-                       statement_timeout_s=config.store.statement_timeout)
+                       statement_timeout_s=config.store.statement_timeout,
+                       timeseries=None if ts is None else TsdbReader.from_config(ts),
+                       sink=sink)
     try:
         store.migrations.apply()
         # Before the first scrape: what the last shutdown could not write goes in first.
@@ -154,8 +162,18 @@ async def _serve(
     sidecar: Callable[[Collector], Coroutine[Any, Any, None]] | None,
     stop: asyncio.Event | None,
 ) -> None:
-    store = prepare_store(config)
     metrics = SelfMetrics()
+    # store.timeseries: the store's samples leave through a remote-write receiver of their
+    # own (queue, on-disk buffer, retries), apart from the collector's `remote_write:` list.
+    ts = config.store.timeseries
+    tsdb = RemoteWrite.from_config([] if ts is None else [ts.as_remote_write()],
+                                   config.store.url, registry=metrics.registry)
+    tsdb.start()
+    try:
+        store = prepare_store(config, sink=tsdb if ts is not None else None)
+    except BaseException:
+        tsdb.close()
+        raise
     remote = RemoteWrite.from_config(config.remote_write, config.store.url,
                                      registry=metrics.registry)
     remote.start()
@@ -259,6 +277,8 @@ async def _serve(
             await asyncio.to_thread(
                 close_store, store, deadline=deadline, spill_to=spill_dir(config),
             )
+            # After the store's last writes; unsent samples stay in its on-disk buffer.
+            await asyncio.to_thread(tsdb.close)
     finally:
         # In all cases, so that a later Ctrl-C is not swallowed by a dead event loop's handler.
         for sig in (signal.SIGINT, signal.SIGTERM):
