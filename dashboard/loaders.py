@@ -30,8 +30,10 @@ import pandas as pd
 import streamlit as st
 
 from tritonwatch.schemas.config import ConfigError, load_config
+from tritonwatch.schemas.remote_write import TimeseriesConfig
 from tritonwatch.schemas.samples import label_value
 from tritonwatch.store import Query, SeriesColumns, Store, StoreError, open_store
+from tritonwatch.store.tsdb import TsdbReader
 
 #: Environment variable naming the config file (``tritonwatch dashboard --config``).
 CONFIG_ENV = "TRITONWATCH_DASHBOARD_CONFIG"
@@ -85,6 +87,8 @@ def settings(path: str | None) -> Settings:
         config = load_config(path)
     except ConfigError as exc:
         raise DashboardError(f"{exc.source}: " + "; ".join(exc.errors)) from None
+    if config.store.timeseries is not None:
+        _TIMESERIES[config.store.url] = config.store.timeseries
     store = store_for(config.store.url)
     return Settings(
         config.store.url, store.url_redacted,
@@ -94,10 +98,17 @@ def settings(path: str | None) -> Settings:
     )
 
 
+#: ``store.timeseries`` by store URL: :func:`settings` notes it before the store is opened.
+_TIMESERIES: dict[str, TimeseriesConfig] = {}
+
+
 @st.cache_resource
 def store_for(url: str) -> Store:
-    # One read-only store (a connection pool) per URL for the whole server process.
-    return open_store(url, read_only=True, timeout_s=5.0)
+    # One read-only store (a connection pool) per URL for the whole server process; its time
+    # series read from the TSDB when the configuration puts them there.
+    ts = _TIMESERIES.get(url)
+    return open_store(url, read_only=True, timeout_s=5.0,
+                      timeseries=None if ts is None else TsdbReader.from_config(ts))
 
 
 def now_quantized(now: float | None = None) -> float:
