@@ -100,6 +100,9 @@ class SampleSink(Protocol):
     def append_columns(self, target: str, ts: float, names: list[str], labels: list[Labels],
                        values: np.ndarray[Any, np.dtype[np.float64]]) -> None: ...
 
+    def send_now(self) -> None:
+        """Start sending what is queued (``flush()``), without waiting for it to arrive."""
+
 
 class Pending(NamedTuple):
     """What a store held unwritten when :meth:`Store.drain` took it (e.g. for a spill file)."""
@@ -371,6 +374,9 @@ class Store:
         """
         with self._flush_lock:
             written = self._flush_samples_locked()
+            if self._sink is not None:
+                # Readers (the alert engine flushes first) see the samples once they arrive.
+                self._sink.send_now()
             self._flush_health_locked()
             self._flush_probes_locked()
             return written

@@ -506,6 +506,12 @@ class RemoteWrite:
         for writer in self.writers:
             writer.forget_target(target)
 
+    def send_now(self) -> None:
+        """Seal every partial batch for sending now (``Store.flush`` on a TSDB store), rather
+        than after ``batch_send_deadline``; returns without waiting for the send."""
+        for writer in self.writers:
+            writer.seal_due(force=True)
+
     def start(self) -> None:
         for writer in self.writers:
             writer.start()

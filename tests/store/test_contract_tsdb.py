@@ -15,6 +15,8 @@ promises.  The queued, on-disk path is exercised end to end in tests/faults/test
 from __future__ import annotations
 
 import math
+import socket
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -73,6 +75,9 @@ class PostingSink:
                                         "Content-Type": "application/x-protobuf"})
         assert r.status_code == 204, r.text
         self.vm.flush()
+
+    def send_now(self) -> None:
+        """Each write was sent at once."""
 
 
 @pytest.fixture
@@ -243,6 +248,20 @@ def test_errors_name_the_endpoint_without_its_secrets(vm: VictoriaMetrics) -> No
     with pytest.raises(QueryError, match="label name"):
         reader.read(Query("g", start=T0, end=T0 + 60, match={"bad-name": "x"}))
     reader.close()
+
+
+def test_a_tsdb_that_never_answers_times_out_naming_the_endpoint() -> None:
+    # A listening socket nobody accepts from: the connection opens, no answer ever comes.
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        port = silent.getsockname()[1]
+        reader = TsdbReader(f"http://127.0.0.1:{port}", timeout_s=1)
+        started = time.monotonic()
+        with pytest.raises(StoreError, match=f"127.0.0.1:{port}/api/v1/series timed out"):
+            reader.series_page(Query(), after=None, limit=10)
+        assert time.monotonic() - started < 30
+        reader.close()
 
 
 def test_matchers_are_quoted_never_pasted() -> None:
