@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import math
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
+from urllib.parse import parse_qs
 
 import cramjam
 import httpx
@@ -40,6 +43,7 @@ from tests.store.test_contract import (  # the contract's time-series cases, run
     test_series_are_unique_whatever_the_label_order_and_writer,
 )
 from tritonwatch.collector.remote_write.encode import Batch, Encoder
+from tritonwatch.schemas.config import validate_config
 from tritonwatch.schemas.samples import Labels, Sample, make_labels
 from tritonwatch.store import Query, QueryError, SeriesKey, Store, StoreError, open_store
 from tritonwatch.store.errors import LimitExceeded
@@ -262,6 +266,52 @@ def test_a_tsdb_that_never_answers_times_out_naming_the_endpoint() -> None:
             reader.series_page(Query(), after=None, limit=10)
         assert time.monotonic() - started < 30
         reader.close()
+
+
+class _Recorder(BaseHTTPRequestHandler):
+    """Fake at the edge: a Prometheus API that records what it was sent; a selector naming
+    ``down`` gets a 503, as from an overloaded vmselect."""
+
+    seen: ClassVar[list[tuple[dict[str, str], str]]] = []
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode()
+        type(self).seen.append((dict(self.headers), body))
+        down = "down" in body
+        payload = (b'{"status":"error","error":"overloaded"}' if down
+                   else b'{"status":"success","data":[]}')
+        self.send_response(503 if down else 200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, *_args: object) -> None:
+        pass
+
+
+def test_configured_auth_and_headers_reach_the_query_api() -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/prom"
+        config = validate_config({"store": {"url": "postgresql://tw@db/tw", "timeseries": {
+            "write_url": url + "/api/v1/write", "query_url": url, "bearer_token": "t0ken",
+            "headers": {"X-Scope-OrgID": "fleet"}}}}).store.timeseries
+        assert config is not None
+        reader = TsdbReader.from_config(config)
+        assert reader.series_page(Query(target="a\\"), after=None, limit=None) == []
+        headers, body = _Recorder.seen[-1]
+        assert headers["Authorization"] == "Bearer t0ken"
+        assert headers["X-Scope-OrgID"] == "fleet"
+        assert parse_qs(body)["match[]"] == ['{target="a\\\\"}']
+        with pytest.raises(StoreError, match=r"prom/api/v1/series failed: HTTP 503: overloaded"):
+            reader.series_page(Query(target="down"), after=None, limit=None)
+        reader.close()
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_matchers_are_quoted_never_pasted() -> None:
