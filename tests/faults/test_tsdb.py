@@ -90,6 +90,7 @@ def test_serve_with_a_tsdb_store_answers_queries_from_victoriametrics(
                                      "segment_size": "1MiB"}}},
             "api": {"listen": f"127.0.0.1:{port}"},
             "reports": {"enabled": False},
+            "alerting": {"eval_interval": "1s"},
         }
         path = tmp_path / "tw.yaml"
         path.write_text(yaml.safe_dump(config))
@@ -111,6 +112,20 @@ def test_serve_with_a_tsdb_store_answers_queries_from_victoriametrics(
                     len(s["values"]) for s in result) >= 4 * len(result) else []
 
             result = _wait(answered, 90, "query_range answered from VictoriaMetrics", log)
+
+            def evaluated() -> dict[str, float]:
+                text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+                found = {line.rpartition(" ")[0]: float(line.rpartition(" ")[2])
+                         for line in text.splitlines()
+                         if line.startswith("tritonwatch_alert_") and " " in line}
+                return found if found.get("tritonwatch_alert_evaluations_total", 0) >= 3 else {}
+
+            # The alert engine's built-in rules read through the TSDB, none of them failing.
+            metrics = _wait(evaluated, 90, "three alert evaluations", log)
+            failures = {k: v for k, v in metrics.items()
+                        if k.startswith(("tritonwatch_alert_rule_failures_total",
+                                         "tritonwatch_alert_store_errors_total")) and v}
+            assert failures == {}, log.read_text(errors="replace")[-3000:]
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(60) == 0, log.read_text(errors="replace")[-3000:]
         finally:
@@ -127,6 +142,7 @@ def test_serve_with_a_tsdb_store_answers_queries_from_victoriametrics(
         for s in result:  # every value the API answered is a sample VictoriaMetrics holds
             assert {float(v) for _, v in s["values"]} <= held[ident(s["metric"])]
         # PostgreSQL keeps the relational state and no samples.
+        assert " ERROR " not in log.read_text(errors="replace")
         pg = open_store(postgres_db_url)
         try:
             assert {h.target for h in pg.health()} >= set(TARGETS)
