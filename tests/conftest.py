@@ -36,6 +36,10 @@ HELD_FAULTS = (
     "tests/e2e/test_alerting_e2e.py::test_a_restart_mid_incident_neither_repages_nor_loses_the_re",
     "tests/e2e/test_alerting_e2e.py::test_alertmanager_down_loses_no_notification",
     "tests/cli/test_serve.py::test_serve_shuts_down_cleanly_when_the_final_flush_fails",
+    "tests/store/test_contract_tsdb.py::test_errors_name_the_endpoint_without_its_secrets",
+    "tests/store/test_contract_tsdb.py::test_a_tsdb_that_never_answers_times_out_naming_the_endpoi",
+    "tests/store/test_contract_tsdb.py::test_a_response_over_the_byte_bound_is_refused",
+    "tests/store/test_contract_tsdb.py::test_limits_refuse_before_reading",
 )
 
 
