@@ -207,7 +207,7 @@ class TsdbReader:
             end = min(hi_ms, at + (MAX_POINTS - 1) * step_ms)
             data = self._api("/api/v1/query_range", [
                 ("query", expr), ("start", _ms(at)), ("end", _ms(end)),
-                ("step", f"{step_ms / 1000:g}"), ("nocache", "1")])
+                ("step", str(step_ms / 1000)), ("nocache", "1")])
             out.extend(data.get("result") or [])
             at = end + step_ms
         return out
