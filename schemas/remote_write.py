@@ -18,6 +18,8 @@ with userinfo and query masked.  No I/O here.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from pydantic import Field, model_validator
 
 from tritonwatch.schemas.values import ByteSize, Frozen, Headers, HttpUrl, PositiveDuration
@@ -28,6 +30,20 @@ from tritonwatch.schemas.values import ByteSize, Frozen, Headers, HttpUrl, Posit
 #: loses nothing.
 DEFAULT_BUFFER_BYTES = 2 * 1024**3
 
+
+
+def one_authorization(basic_auth: object, bearer_token: str | None,
+                      headers: Mapping[str, str]) -> None:
+    """ValueError when more than one way of authorizing is set (basic auth, a bearer token,
+    an Authorization header): which one a receiver sees would depend on the order they are
+    applied in."""
+    ways = [w for w, on in (("basic_auth", basic_auth is not None),
+                            ("bearer_token", bearer_token is not None),
+                            ("an Authorization header",
+                             any(h.lower() == "authorization" for h in headers)))
+            if on]
+    if len(ways) > 1:
+        raise ValueError(f"set one of {' and '.join(ways)}, not both")
 
 class BasicAuth(Frozen):
     """HTTP basic authentication for one receiver."""
@@ -107,13 +123,7 @@ class RemoteWriteConfig(Frozen):
 
     @model_validator(mode="after")
     def _one_authorization(self) -> RemoteWriteConfig:
-        ways = [w for w, on in (("basic_auth", self.basic_auth is not None),
-                                ("bearer_token", self.bearer_token is not None),
-                                ("an Authorization header",
-                                 any(h.lower() == "authorization" for h in self.headers)))
-                if on]
-        if len(ways) > 1:
-            raise ValueError(f"set one of {' and '.join(ways)}, not both")
+        one_authorization(self.basic_auth, self.bearer_token, self.headers)
         return self
 
     @model_validator(mode="after")
@@ -152,13 +162,7 @@ class TimeseriesConfig(Frozen):
 
     @model_validator(mode="after")
     def _one_authorization(self) -> TimeseriesConfig:
-        ways = [w for w, on in (("basic_auth", self.basic_auth is not None),
-                                ("bearer_token", self.bearer_token is not None),
-                                ("an Authorization header",
-                                 any(h.lower() == "authorization" for h in self.headers)))
-                if on]
-        if len(ways) > 1:
-            raise ValueError(f"set one of {' and '.join(ways)}, not both")
+        one_authorization(self.basic_auth, self.bearer_token, self.headers)
         return self
 
     def as_remote_write(self) -> RemoteWriteConfig:

@@ -61,6 +61,19 @@ class Query:
         return _window(self.start, self.end)
 
 
+def page_window(q: Query) -> tuple[int, int] | None:
+    """The ``(lo_ms, hi_ms)`` a page of series must have samples in (an open end reads as
+    :data:`MAX_SECONDS`), None for the whole catalogue; QueryError for a ``match``, which a
+    page does not take (it filters with ``where``).  Every backend's ``series_page`` starts
+    here."""
+    if q.match:
+        raise QueryError("a page of series is selected by `where`, not `match`")
+    if q.start is None and q.end is None:
+        return None
+    return _window(-MAX_SECONDS if q.start is None else q.start,
+                   MAX_SECONDS if q.end is None else q.end)
+
+
 def _window(start: float, end: float) -> tuple[int, int]:
     if not (math.isfinite(start) and math.isfinite(end)):
         raise QueryError(f"start and end must be finite, got start={start!r} end={end!r}")
@@ -131,12 +144,7 @@ class Reader:
     def series_page(
         self, conn: Connection, q: Query, *, after: SeriesKey | None, limit: int | None,
     ) -> list[SeriesKey]:
-        if q.match:
-            raise QueryError("a page of series is selected by `where`, not `match`")
-        window = None
-        if q.start is not None or q.end is not None:
-            window = _window(-MAX_SECONDS if q.start is None else q.start,
-                             MAX_SECONDS if q.end is None else q.end)
+        window = page_window(q)
         names = q.names if q.name is None else {q.name, *(q.names or ())}
         return query.select_page(conn, names=names, target=q.target, where=q.where,
                                  after=after, limit=limit, window=window,

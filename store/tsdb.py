@@ -42,7 +42,7 @@ from tritonwatch.schemas.remote_write import TimeseriesConfig
 from tritonwatch.schemas.samples import label_value, labels_json, make_labels
 from tritonwatch.store.errors import LimitExceeded, QueryError, StoreError
 from tritonwatch.store.query import AGGS
-from tritonwatch.store.reads import MAX_SECONDS, Query, _window
+from tritonwatch.store.reads import Query, page_window
 from tritonwatch.store.values import SeriesColumns, SeriesKey
 
 #: Default bound on one response body (a raw read of many series is the big one).
@@ -347,12 +347,8 @@ class TsdbReader:
 
     def series_page(self, q: Query, *, after: SeriesKey | None,
                     limit: int | None) -> list[SeriesKey]:
-        if q.match:
-            raise QueryError("a page of series is selected by `where`, not `match`")
-        window = None
-        if q.start is not None or q.end is not None:
-            window = _window(-MAX_SECONDS if q.start is None else q.start,
-                             MAX_SECONDS if q.end is None else q.end)
+        window = page_window(q)
+        if window is not None:
             window = (max(window[0], _ALL_START_MS), min(window[1], _ALL_END_S * 1000))
         keys = self.find(Query(q.name, names=q.names, target=q.target, where=q.where),
                          window=window)

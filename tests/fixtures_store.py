@@ -34,13 +34,13 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return url
 
 
-@pytest.fixture
-def make_store(store_url: str) -> Iterator[Callable[..., Store]]:
-    """Opens (and at the end closes) stores on ``store_url``; several share one database."""
+def stores(open_one: Callable[..., Store]) -> Iterator[Callable[..., Store]]:
+    """A ``make_store`` fixture's body: ``make(**kwargs)`` opens a store with ``open_one``,
+    with its schema, and every store made is closed at the end."""
     opened: list[Store] = []
 
     def make(**kwargs: Any) -> Store:
-        s = open_store(store_url, **kwargs)
+        s = open_one(**kwargs)
         s.migrations.apply()
         opened.append(s)
         return s
@@ -48,3 +48,9 @@ def make_store(store_url: str) -> Iterator[Callable[..., Store]]:
     yield make
     for s in opened:
         s.close()
+
+
+@pytest.fixture
+def make_store(store_url: str) -> Iterator[Callable[..., Store]]:
+    """Opens (and at the end closes) stores on ``store_url``; several share one database."""
+    yield from stores(lambda **kwargs: open_store(store_url, **kwargs))

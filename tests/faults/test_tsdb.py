@@ -24,6 +24,7 @@ import yaml
 from tests.fixtures_http import free_port
 from tests.scale.receivers import VictoriaMetrics, running
 from tests.scale.targets import simulated_targets
+from tests.scale.test_remote_write_receivers import wait_for
 from tritonwatch.schemas.config import ConfigError, validate_config
 from tritonwatch.store import Query, open_store
 
@@ -56,21 +57,6 @@ def test_timeseries_config_is_validated_with_errors_naming_the_key() -> None:
     with pytest.raises(ConfigError, match="name 'store' is taken"):
         validate_config({"store": {"url": "postgresql://tw@db/tw", "timeseries": TS},
                          "remote_write": [{"name": "store", "url": TS["write_url"]}]})
-
-
-def _wait(check: Any, timeout: float, what: str, log: Path) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            got = check()
-            if got:
-                return got
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}; serve log:\n"
-                                 + log.read_text(errors="replace")[-3000:])
-        time.sleep(0.5)
 
 
 def test_serve_with_a_tsdb_store_answers_queries_from_victoriametrics(
@@ -111,7 +97,7 @@ def test_serve_with_a_tsdb_store_answers_queries_from_victoriametrics(
                 return result if targets >= set(TARGETS) and sum(
                     len(s["values"]) for s in result) >= 4 * len(result) else []
 
-            result = _wait(answered, 90, "query_range answered from VictoriaMetrics", log)
+            result = wait_for(answered, 90, "query_range answered from VictoriaMetrics", log)
 
             def evaluated() -> dict[str, float]:
                 text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
@@ -121,7 +107,7 @@ def test_serve_with_a_tsdb_store_answers_queries_from_victoriametrics(
                 return found if found.get("tritonwatch_alert_evaluations_total", 0) >= 3 else {}
 
             # The alert engine's built-in rules read through the TSDB, none of them failing.
-            metrics = _wait(evaluated, 90, "three alert evaluations", log)
+            metrics = wait_for(evaluated, 90, "three alert evaluations", log)
             failures = {k: v for k, v in metrics.items()
                         if k.startswith(("tritonwatch_alert_rule_failures_total",
                                          "tritonwatch_alert_store_errors_total")) and v}

@@ -76,12 +76,15 @@ def _metrics(port: int) -> dict[str, float]:
     return out
 
 
-def _wait(check: Any, timeout: float, what: str, log: Path) -> None:
+def wait_for(check: Any, timeout: float, what: str, log: Path) -> Any:
+    """``check()``'s first true value (HTTP errors count as not yet), within ``timeout``; on
+    timeout an AssertionError ending with serve's log."""
     deadline = time.monotonic() + timeout
     while True:
         try:
-            if check():
-                return
+            got = check()
+            if got:
+                return got
         except httpx.HTTPError:
             pass
         if time.monotonic() > deadline:
@@ -148,13 +151,13 @@ def _run_serve(tmp: Path, receivers: dict[str, Receiver], *, seconds: float,
         proc = _start(config, tmp)
         log = tmp / "serve.log"
         try:
-            _wait(lambda: httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5)
+            wait_for(lambda: httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5)
                   .status_code == 200, 60, "serve's API", log)
             time.sleep(seconds)
             if during is not None:
                 during(port, log)
             # everything scraped so far has left (queue empty) before serve is stopped
-            _wait(lambda: all(_metrics(port).get(
+            wait_for(lambda: all(_metrics(port).get(
                 f'tritonwatch_remote_write_pending_samples{{remote="{n}"}}') == 0
                 for n in receivers), 120, "an empty remote-write queue", log)
             _stop(proc)

@@ -29,19 +29,10 @@ import httpx
 import numpy as np
 import pytest
 
+from tests.fixtures_store import stores
 from tests.scale.receivers import VictoriaMetrics, running
-from tests.store.test_contract import (  # the contract's time-series cases, run again here
-    HOSTILE,
-    T0,
-    scrape,
-    test_a_counter_below_zero_never_gives_a_negative_increase,
-    test_bad_query_arguments_raise_query_error,
-    test_buckets_aggregate_each_step_like_a_reference,
-    test_increase_and_rate_count_a_reset_as_a_restart_from_zero,
-    test_range_is_inclusive_and_filters_by_target_and_labels,
-    test_series_appearing_and_disappearing,
-    test_series_are_unique_whatever_the_label_order_and_writer,
-)
+from tests.store import test_contract as contract
+from tests.store.test_contract import HOSTILE, T0, scrape
 from tritonwatch.collector.remote_write.encode import Batch, Encoder
 from tritonwatch.schemas.config import validate_config
 from tritonwatch.schemas.samples import Labels, Sample, make_labels
@@ -49,14 +40,15 @@ from tritonwatch.store import Query, QueryError, SeriesKey, Store, StoreError, o
 from tritonwatch.store.errors import LimitExceeded
 from tritonwatch.store.tsdb import TsdbReader, quote, redact_url, selector
 
+#: The contract's time-series cases, run again here on VictoriaMetrics.
 CONTRACT = (
-    test_a_counter_below_zero_never_gives_a_negative_increase,
-    test_bad_query_arguments_raise_query_error,
-    test_buckets_aggregate_each_step_like_a_reference,
-    test_increase_and_rate_count_a_reset_as_a_restart_from_zero,
-    test_range_is_inclusive_and_filters_by_target_and_labels,
-    test_series_appearing_and_disappearing,
-    test_series_are_unique_whatever_the_label_order_and_writer,
+    contract.test_a_counter_below_zero_never_gives_a_negative_increase,
+    contract.test_bad_query_arguments_raise_query_error,
+    contract.test_buckets_aggregate_each_step_like_a_reference,
+    contract.test_increase_and_rate_count_a_reset_as_a_restart_from_zero,
+    contract.test_range_is_inclusive_and_filters_by_target_and_labels,
+    contract.test_series_appearing_and_disappearing,
+    contract.test_series_are_unique_whatever_the_label_order_and_writer,
 )
 
 #: VictoriaMetrics keeps a float to 12 significant decimal digits (its documented precision).
@@ -94,18 +86,9 @@ def vm(tmp_path: Path) -> Iterator[VictoriaMetrics]:
 
 @pytest.fixture
 def make_store(vm: VictoriaMetrics, tmp_path: Path) -> Iterator[Callable[..., Store]]:
-    opened: list[Store] = []
-
-    def make(**kwargs: Any) -> Store:
-        s = open_store(f"sqlite:///{tmp_path}/tw.db", timeseries=TsdbReader(vm.url),
-                       sink=PostingSink(vm), **kwargs)
-        s.migrations.apply()
-        opened.append(s)
-        return s
-
-    yield make
-    for s in opened:
-        s.close()
+    yield from stores(lambda **kwargs: open_store(
+        f"sqlite:///{tmp_path}/tw.db", timeseries=TsdbReader(vm.url), sink=PostingSink(vm),
+        **kwargs))
 
 
 @pytest.fixture
