@@ -46,11 +46,11 @@ def test_a_member_whose_session_ended_is_dead_at_once_and_its_leases_move(
         # a's connection ends as a killed process's would (its socket closes); its row and
         # its leases are still well inside the TTL.  The server's backend for it exits a
         # moment after the socket closes (on a loaded machine, not before b's next statement),
-        # so b is given a few seconds, a small fraction of the TTL.
+        # so b is given up to 60 s: a tenth of the TTL, a margin that holds under load.
         a.drop()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60
         while b.heartbeat() != ["b"]:
-            assert time.monotonic() < deadline, "a still live 10 s after its session ended"
+            assert time.monotonic() < deadline, "a still live 60 s after its session ended"
             time.sleep(0.05)
         assert b.claim(TARGETS) == set(TARGETS)
         assert b.holders() == dict.fromkeys(TARGETS, "b")
