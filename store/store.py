@@ -56,7 +56,6 @@ from tritonwatch.store.flush import BufferedScrape, SampleWriter, SeriesRefused
 from tritonwatch.store.jobs import Maintenance
 from tritonwatch.store.migrate import Migrations
 from tritonwatch.store.reads import Query, Reader
-from tritonwatch.store.tsdb import TsdbReader
 from tritonwatch.store.values import SeriesColumns, SeriesKey
 
 log = logging.getLogger(__name__)
@@ -73,7 +72,7 @@ _VALUE = itemgetter(2)
 def open_store(
     url: str, *, batch_rows: int = 50_000, timeout_s: float = 10.0,
     statement_timeout_s: float = DEFAULT_STATEMENT_TIMEOUT_S, read_only: bool = False,
-    scratch: bool = False, timeseries: TsdbReader | None = None,
+    scratch: bool = False, timeseries: TimeSeries | None = None,
     sink: SampleSink | None = None,
 ) -> Store:
     """Open the store at ``url``: ``sqlite:///path.db`` or ``postgresql://user:pw@host/db``.
@@ -84,13 +83,31 @@ def open_store(
     ``statement_timeout`` (``store.engine`` explains how a server that stops answering is
     caught).  ``read_only``: the database refuses every write (the dashboard).  ``scratch``:
     a throwaway SQLite file with no journal and no fsync (``replay``; lost on a crash).
-    ``timeseries`` and ``sink``: time series live on a TSDB (``store.tsdb``), samples go to
-    ``sink`` and reads to ``timeseries``; the database keeps the relational state only.
+    ``timeseries`` and ``sink``: time series live on a TSDB (``store.tsdb``) or in memory
+    (``store.memory``, replay's scratch store), samples go to ``sink`` and reads to
+    ``timeseries``; the database keeps the relational state only.
     Raises ValueError for an unsupported URL.
     """
     return Store(url, batch_rows=batch_rows, timeout_s=timeout_s,
                  statement_timeout_s=statement_timeout_s, read_only=read_only,
                  scratch=scratch, timeseries=timeseries, sink=sink)
+
+
+class TimeSeries(Protocol):
+    """Where a store with its time series elsewhere reads them: a TSDB
+    (``store.tsdb.TsdbReader``) or this process's memory (``store.memory.MemorySeries``),
+    answering as the SQL ``Reader`` does."""
+
+    def find(self, q: Query, *, window: tuple[int, int] | None = None) -> list[SeriesKey]: ...
+
+    def read(self, q: Query) -> SeriesColumns: ...
+
+    def increase(self, q: Query) -> list[tuple[SeriesKey, float, int, int]]: ...
+
+    def series_page(self, q: Query, *, after: SeriesKey | None,
+                    limit: int | None) -> list[SeriesKey]: ...
+
+    def close(self) -> None: ...
 
 
 class SampleSink(Protocol):
@@ -143,7 +160,7 @@ class Store:
         self, url: str, *, batch_rows: int = 50_000, timeout_s: float = 10.0,
         statement_timeout_s: float = DEFAULT_STATEMENT_TIMEOUT_S,
         read_only: bool = False, scratch: bool = False,
-        timeseries: TsdbReader | None = None, sink: SampleSink | None = None,
+        timeseries: TimeSeries | None = None, sink: SampleSink | None = None,
     ) -> None:
         if batch_rows < 1:
             raise ValueError(f"batch_rows must be at least 1, got {batch_rows!r}")
