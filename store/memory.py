@@ -16,15 +16,15 @@ SQL ``Reader`` over raw samples (``tests/store/test_memory.py`` holds them equal
 - increase and rate: reset-aware, without extrapolation, over the samples in the window
   (``query.increase``'s arithmetic).
 
-Layout: one append-only log per metric name (timestamp, series number, value), in time order
-as scrapes arrive, so a read of a name over a window is two binary searches and one slice,
-whatever the history stored before it; the series it selects are then picked out and sorted
-in numpy.  Reads cost what the window holds, not what the store holds, and no SQL statement
-is built or parsed on the way.
+Layout: per metric name, one block of a row per timestamp and a column per series (NaN where
+a series has no sample: the store never stores NaN), rows in time order as scrapes arrive.  A
+read of a name over a window is two binary searches and a slice of its columns, already in
+the (series, time) order the answer wants: it costs what the window holds, not what the store
+holds, and no SQL statement is built or parsed on the way.
 
-Nothing is durable and nothing is dropped: memory grows by about 24 bytes a sample (a day of
-a 3,000-series target at 30 s is about 200 MB), which is what a replay of a recording asks
-for.  Thread-safe.
+Nothing is durable and nothing is dropped: memory is 8 bytes per timestamp per series a name
+ever had (a day of a 3,000-series target at 30 s is about 70 MB; series that come and go
+leave NaN holes), which is what a replay of a recording asks for.  Thread-safe.
 """
 
 from __future__ import annotations
@@ -47,52 +47,62 @@ F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 
 _EMPTY = SeriesColumns([], np.zeros(1, np.int64), np.empty(0), np.empty(0))
-_INITIAL = 1024
+_ROWS = 256
+_COLS = 8
 
 
-class _Log:
-    """Samples of one metric name, in arrival order (time order unless a write was late)."""
+class _Block:
+    """Samples of one metric name: a row per timestamp (in time order), a column per series,
+    NaN where a series has no sample (NaN is never stored: the store leaves it out)."""
 
-    __slots__ = ("n", "ordered", "sid", "ts", "val")
+    __slots__ = ("cols", "n", "slot_of", "sids", "ts", "values")
 
     def __init__(self) -> None:
-        self.ts = np.empty(_INITIAL, np.int64)
-        self.sid = np.empty(_INITIAL, np.int64)
-        self.val = np.empty(_INITIAL, np.float64)
-        self.n = 0
-        self.ordered = True
+        self.ts = np.empty(_ROWS, np.int64)
+        self.values = np.full((_ROWS, _COLS), np.nan)
+        self.sids = np.empty(_COLS, np.int64)
+        self.slot_of: dict[int, int] = {}
+        self.n = 0  # rows in use
+        self.cols = 0  # columns in use
 
-    def append(self, ts_ms: int, sids: I64, values: F64) -> None:
-        k = len(sids)
-        end = self.n + k
-        if end > len(self.ts):
-            size = max(end, 2 * len(self.ts))
-            for attr in ("ts", "sid", "val"):
-                old = getattr(self, attr)
-                new = np.empty(size, old.dtype)
-                new[:self.n] = old[:self.n]
-                setattr(self, attr, new)
-        if self.n and ts_ms < self.ts[self.n - 1]:
-            self.ordered = False
-        self.ts[self.n:end] = ts_ms
-        self.sid[self.n:end] = sids
-        self.val[self.n:end] = values
-        self.n = end
+    def slot(self, sid: int) -> int:
+        col = self.slot_of.get(sid)
+        if col is None:
+            col = self.slot_of[sid] = self.cols
+            if col == self.values.shape[1]:
+                wider = np.full((self.values.shape[0], 2 * col), np.nan)
+                wider[:, :col] = self.values
+                self.values = wider
+                self.sids = np.concatenate([self.sids, np.empty(col, np.int64)])
+            self.sids[col] = sid
+            self.cols += 1
+        return col
 
-    def window(self, lo_ms: int, hi_ms: int) -> tuple[I64, I64, F64]:
-        """``(ts, sid, value)`` of the samples in ``[lo_ms, hi_ms]``, in time order; of equal
-        timestamps, in the order written."""
-        if not self.ordered:
-            # Stable, so that samples of one timestamp keep their write order (the last wins).
-            order = np.argsort(self.ts[:self.n], kind="stable")
-            for attr in ("ts", "sid", "val"):
-                col = getattr(self, attr)
-                col[:self.n] = col[:self.n][order]
-            self.ordered = True
+    def row(self, ts_ms: int) -> int:
+        """The row of ``ts_ms``, added (in time order) if there is none."""
+        n = self.n
+        if n and self.ts[n - 1] == ts_ms:
+            return n - 1
+        at = n if not n or ts_ms > self.ts[n - 1] else int(np.searchsorted(self.ts[:n], ts_ms))
+        if at < n and self.ts[at] == ts_ms:
+            return at
+        if n == len(self.ts):
+            longer = np.full((2 * n, self.values.shape[1]), np.nan)
+            longer[:n] = self.values[:n]
+            self.values = longer
+            self.ts = np.concatenate([self.ts, np.empty(n, np.int64)])
+        if at < n:  # a late sample: the rows after it move down one
+            self.ts[at + 1:n + 1] = self.ts[at:n]
+            self.values[at + 1:n + 1] = self.values[at:n]
+            self.values[at] = np.nan
+        self.ts[at] = ts_ms
+        self.n = n + 1
+        return at
+
+    def window(self, lo_ms: int, hi_ms: int) -> tuple[int, int]:
+        """The rows ``[a, b)`` of the timestamps in ``[lo_ms, hi_ms]``."""
         ts = self.ts[:self.n]
-        a = int(np.searchsorted(ts, lo_ms, "left"))
-        b = int(np.searchsorted(ts, hi_ms, "right"))
-        return ts[a:b], self.sid[a:b], self.val[a:b]
+        return int(np.searchsorted(ts, lo_ms, "left")), int(np.searchsorted(ts, hi_ms, "right"))
 
 
 class MemorySeries:
@@ -106,7 +116,7 @@ class MemorySeries:
         #: canonical key -> series number, and back.
         self._ids: dict[SeriesKey, int] = {}
         self._keys: list[SeriesKey] = []
-        self._logs: dict[str, _Log] = {}
+        self._blocks: dict[str, _Block] = {}
         self._names: dict[str, list[int]] = {}  # name -> its series numbers
         #: ``find`` answers by selection, forgotten whenever a series is created.
         self._memo: dict[tuple[Any, ...], list[tuple[int, SeriesKey]]] = {}
@@ -125,19 +135,19 @@ class MemorySeries:
                 if sid is None:
                     sid = seen[(target, name, lbl)] = self._create(target, name, lbl)
                 sids[i] = sid
-            # One append per run of equal names (a scrape lists a family's samples together).
-            start = 0
-            n = len(names)
-            while start < n:
-                name = names[start]
-                end = start + 1
-                while end < n and names[end] == name:
-                    end += 1
-                log = self._logs.get(name)
-                if log is None:
-                    log = self._logs[name] = _Log()
-                log.append(ts_ms, sids[start:end], values[start:end])
-                start = end
+            last_block: _Block | None = None
+            row = 0
+            # Written in order, so that of two samples of a series the last one stays.
+            blocks = self._blocks
+            for name, sid, value in zip(names, sids.tolist(), values.tolist(), strict=True):
+                block = blocks.get(name)
+                if block is None:
+                    block = blocks[name] = _Block()
+                if block is not last_block:
+                    row = block.row(ts_ms)
+                    last_block = block
+                col = block.slot(sid)  # first: it may widen the block
+                block.values[row, col] = value
 
     def send_now(self) -> None:
         """Every sample is readable as soon as it is written."""
@@ -202,35 +212,38 @@ class MemorySeries:
                  max_samples: int | None) -> Merged:
         """The samples of ``found`` in ``[lo_ms, hi_ms]`` sorted by ``(rank, ts)``, ``rank``
         a series' place in ``found``; of equal keys the one written last."""
-        rank_of = np.full(len(self._keys), -1, np.int64)
-        rank_of[np.fromiter((sid for sid, _ in found), np.int64, len(found))] = np.arange(
-            len(found))
+        by_name: dict[str, list[tuple[int, int]]] = {}  # name -> (rank, sid), rank order
+        for rank, (sid, key) in enumerate(found):
+            by_name.setdefault(key.name, []).append((rank, sid))
         parts: list[tuple[I64, I64, F64]] = []
-        for name in sorted({key.name for _, key in found}):
-            log = self._logs.get(name)
-            if log is None:
+        total = 0
+        for name, wanted in by_name.items():
+            block = self._blocks.get(name)
+            if block is None:
                 continue
-            ts, sid, val = log.window(lo_ms, hi_ms)
-            rank = rank_of[sid]
-            keep = rank >= 0
-            if not keep.all():
-                ts, rank, val = ts[keep], rank[keep], val[keep]
-            parts.append((rank, ts, val))
-        n = sum(len(p[0]) for p in parts)
-        if max_samples is not None and n > max_samples:
-            raise LimitExceeded(f"the query would read more than {max_samples:,} samples",
-                                what="samples", limit=max_samples)
-        if not n:
+            a, b = block.window(lo_ms, hi_ms)
+            if a == b:
+                continue
+            ranks = np.fromiter((r for r, _ in wanted), np.int64, len(wanted))
+            cols = np.fromiter((block.slot_of[sid] for _, sid in wanted), np.int64, len(wanted))
+            # A row per series, its samples in time order: the order the answer wants.
+            grid = block.values[a:b, cols].T
+            has = ~np.isnan(grid)
+            total += int(np.count_nonzero(has))
+            if max_samples is not None and total > max_samples:
+                raise LimitExceeded(f"the query would read more than {max_samples:,} samples",
+                                    what="samples", limit=max_samples)
+            parts.append((np.repeat(ranks, b - a)[has.ravel()],
+                          np.tile(block.ts[a:b], len(wanted))[has.ravel()], grid[has]))
+        if not total:
             empty = np.empty(0, np.int64)
             return Merged(empty, empty, np.empty(0))
+        if len(parts) == 1:
+            return Merged(*parts[0])
         rank, ts, val = (np.concatenate(col) for col in zip(*parts, strict=True))
-        order = np.lexsort((ts, rank))  # stable: equal keys stay in write order
-        rank, ts, val = rank[order], ts[order], val[order]
-        last = np.ones(n, bool)
-        last[:-1] = (rank[1:] != rank[:-1]) | (ts[1:] != ts[:-1])
-        if not last.all():
-            rank, ts, val = rank[last], ts[last], val[last]
-        return Merged(rank, ts, val)
+        # Each series comes from one block, in time order: a stable sort by rank suffices.
+        order = np.argsort(rank, kind="stable")
+        return Merged(rank[order], ts[order], val[order])
 
     def read(self, q: Query) -> SeriesColumns:
         lo, hi = q.window()

@@ -192,6 +192,11 @@ class Store:
         self._closed = False
         self._health_up: records.HealthUp | None = None  # stored up, per (target, source)
         self._reader = Reader(scratch=scratch)
+        #: A scratch store's latest health by ``(after, limit)``: it has one writer, its own,
+        #: so an answer holds until its next health write (replay reads it every evaluation).
+        self._health_memo: dict[tuple[Any, ...], list[TargetHealth]] | None = (
+            {} if scratch else None)
+        self._health_gen = 0
         #: With a TSDB, samples go to ``_sink`` and time-series reads to ``_tsdb``; rollups,
         #: compaction and retention of samples are then the TSDB's (the SQL tables stay empty).
         self._tsdb = timeseries
@@ -430,6 +435,9 @@ class Store:
             with self._db("write health"), transaction(self._engine, write=True) as conn:
                 known = records.write_health(conn, pending, self._health_up)
         self._health_up = known
+        self._health_gen += 1
+        if self._health_memo is not None:
+            self._health_memo.clear()
         return len(pending)
 
     def _flush_probes_locked(self) -> int:
@@ -451,7 +459,19 @@ class Store:
     ) -> list[TargetHealth]:
         """The latest outcome of every (target, source), sorted; only of ``targets`` if given,
         at most ``limit`` of them after the (target, source) ``after`` (one page)."""
-        return self._read_health(records.health_stmt(after), targets=targets, limit=limit)
+        memo = self._health_memo if targets is None else None
+        if memo is None:
+            return self._read_health(records.health_stmt(after), targets=targets, limit=limit)
+        with self._flush_lock:
+            self._flush_health_locked()
+            gen = self._health_gen
+            got = memo.get((after, limit))
+        if got is None:
+            got = self._read_health(records.health_stmt(after), limit=limit)
+            with self._flush_lock:
+                if gen == self._health_gen:  # no health written meanwhile
+                    memo[(after, limit)] = got
+        return list(got)
 
     def health_log(
         self, target: str | None = None, *, since: float | None = None
