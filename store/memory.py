@@ -55,9 +55,10 @@ class _Block:
     """Samples of one metric name: a row per timestamp (in time order), a column per series,
     NaN where a series has no sample (NaN is never stored: the store leaves it out)."""
 
-    __slots__ = ("cols", "n", "slot_of", "sids", "ts", "values")
+    __slots__ = ("cols", "n", "number", "slot_of", "sids", "ts", "values")
 
-    def __init__(self) -> None:
+    def __init__(self, number: int) -> None:
+        self.number = number
         self.ts = np.empty(_ROWS, np.int64)
         self.values = np.full((_ROWS, _COLS), np.nan)
         self.sids = np.empty(_COLS, np.int64)
@@ -111,12 +112,17 @@ class MemorySeries:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        #: ``(target, name, labels as written)`` -> series number; every spelling seen.
-        self._seen: dict[tuple[str, str, Labels], int] = {}
+        #: Per target, ``(name, labels as written)`` -> spelling number; every spelling
+        #: seen, and where its samples go: its block's number and column.
+        self._spellings: dict[str, dict[tuple[str, Labels], int]] = {}
+        self._block_of: list[int] = []
+        self._col_of: list[int] = []
+        self._where: tuple[I64, I64] | None = None  # the two lists as arrays
         #: canonical key -> series number, and back.
         self._ids: dict[SeriesKey, int] = {}
         self._keys: list[SeriesKey] = []
         self._blocks: dict[str, _Block] = {}
+        self._block_list: list[_Block] = []  # by block number
         self._names: dict[str, list[int]] = {}  # name -> its series numbers
         #: ``find`` answers by selection, forgotten whenever a series is created.
         self._memo: dict[tuple[Any, ...], list[tuple[int, SeriesKey]]] = {}
@@ -128,31 +134,39 @@ class MemorySeries:
         """One scrape (NaN already left out by the store): kept at once."""
         ts_ms = round(ts * 1000)
         with self._lock:
-            seen = self._seen
-            sids = np.empty(len(names), np.int64)
-            for i, (name, lbl) in enumerate(zip(names, labels, strict=True)):
-                sid = seen.get((target, name, lbl))
-                if sid is None:
-                    sid = seen[(target, name, lbl)] = self._create(target, name, lbl)
-                sids[i] = sid
-            last_block: _Block | None = None
-            row = 0
-            # Written in order, so that of two samples of a series the last one stays.
-            blocks = self._blocks
-            for name, sid, value in zip(names, sids.tolist(), values.tolist(), strict=True):
-                block = blocks.get(name)
-                if block is None:
-                    block = blocks[name] = _Block()
-                if block is not last_block:
-                    row = block.row(ts_ms)
-                    last_block = block
-                col = block.slot(sid)  # first: it may widen the block
-                block.values[row, col] = value
+            spellings = self._spellings.setdefault(target, {})
+            get = spellings.get
+            at = [get(k, -1) for k in zip(names, labels, strict=True)]
+            if -1 in at:
+                for i, k in enumerate(zip(names, labels, strict=True)):
+                    if at[i] < 0:
+                        p = get(k)
+                        at[i] = spellings[k] = self._spell(target, *k) if p is None else p
+            if self._where is None:
+                self._where = np.array(self._block_of, np.int64), np.array(self._col_of,
+                                                                           np.int64)
+            p_arr = np.array(at, np.int64)
+            blk, col = self._where[0][p_arr], self._where[1][p_arr]
+            blocks = self._block_list
+            if len(np.unique(blk * (1 << 32) + col)) < len(blk):
+                # A series twice in one scrape: written in order, so the last one stays.
+                for b_, c_, v_ in zip(blk.tolist(), col.tolist(), values.tolist(), strict=True):
+                    block = blocks[b_]
+                    block.values[block.row(ts_ms), c_] = v_
+                return
+            # One assignment per run of a name (a scrape lists a family's samples together).
+            cuts = (np.flatnonzero(blk[1:] != blk[:-1]) + 1).tolist()
+            for a, b in zip([0, *cuts], [*cuts, len(blk)], strict=True):
+                block = blocks[int(blk[a])]
+                row = block.row(ts_ms)
+                block.values[row, col[a:b]] = values[a:b]
 
     def send_now(self) -> None:
         """Every sample is readable as soon as it is written."""
 
-    def _create(self, target: str, name: str, labels: Labels) -> int:
+    def _spell(self, target: str, name: str, labels: Labels) -> int:
+        """A new spelling of a series (its labels as written): its number, the series (and
+        its block's column) created if it is new too."""
         # As the SQL store keeps them: sorted, one value per label name (the last given).
         key = SeriesKey(target, name, make_labels(dict(labels)))
         sid = self._ids.get(key)
@@ -161,7 +175,14 @@ class MemorySeries:
             self._keys.append(key)
             self._names.setdefault(name, []).append(sid)
             self._memo.clear()
-        return sid
+        block = self._blocks.get(name)
+        if block is None:
+            block = self._blocks[name] = _Block(len(self._block_list))
+            self._block_list.append(block)
+        self._block_of.append(block.number)
+        self._col_of.append(block.slot(sid))
+        self._where = None
+        return len(self._block_of) - 1
 
     def close(self) -> None:
         """Nothing to release: the samples go with this object."""
