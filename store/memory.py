@@ -31,15 +31,15 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Collection, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
 from tritonwatch.schemas.samples import Labels, label_value, labels_json, make_labels
-from tritonwatch.store.chunks import Merged, run_bounds
+from tritonwatch.store.chunks import Merged
 from tritonwatch.store.errors import LimitExceeded, QueryError
-from tritonwatch.store.query import AGGS, aggregate
+from tritonwatch.store.query import AGGS
 from tritonwatch.store.reads import Query, page_window
 from tritonwatch.store.values import SeriesColumns, SeriesKey
 
@@ -229,14 +229,14 @@ class MemorySeries:
             self._memo[memo_key] = out
         return out
 
-    def _samples(self, found: list[tuple[int, SeriesKey]], lo_ms: int, hi_ms: int,
-                 max_samples: int | None) -> Merged:
-        """The samples of ``found`` in ``[lo_ms, hi_ms]`` sorted by ``(rank, ts)``, ``rank``
-        a series' place in ``found``; of equal keys the one written last."""
+    def _grids(self, found: list[tuple[int, SeriesKey]], lo_ms: int, hi_ms: int,
+               max_samples: int | None) -> list[_Grid]:
+        """The samples of ``found`` in ``[lo_ms, hi_ms]``: a grid per metric name, a row per
+        series (in ``found``'s order), a column per timestamp (in time order)."""
         by_name: dict[str, list[tuple[int, int]]] = {}  # name -> (rank, sid), rank order
         for rank, (sid, key) in enumerate(found):
             by_name.setdefault(key.name, []).append((rank, sid))
-        parts: list[tuple[I64, I64, F64]] = []
+        out: list[_Grid] = []
         total = 0
         for name, wanted in by_name.items():
             block = self._blocks.get(name)
@@ -247,24 +247,26 @@ class MemorySeries:
                 continue
             ranks = np.fromiter((r for r, _ in wanted), np.int64, len(wanted))
             cols = np.fromiter((block.slot_of[sid] for _, sid in wanted), np.int64, len(wanted))
-            # A row per series, its samples in time order: the order the answer wants.
-            grid = block.values[a:b, cols].T
+            grid = np.ascontiguousarray(block.values[a:b, cols].T)  # a copy: safe unlocked
             has = ~np.isnan(grid)
             total += int(np.count_nonzero(has))
             if max_samples is not None and total > max_samples:
                 raise LimitExceeded(f"the query would read more than {max_samples:,} samples",
                                     what="samples", limit=max_samples)
-            parts.append((np.repeat(ranks, b - a)[has.ravel()],
-                          np.tile(block.ts[a:b], len(wanted))[has.ravel()], grid[has]))
-        if not total:
-            empty = np.empty(0, np.int64)
-            return Merged(empty, empty, np.empty(0))
-        if len(parts) == 1:
-            return Merged(*parts[0])
-        rank, ts, val = (np.concatenate(col) for col in zip(*parts, strict=True))
-        # Each series comes from one block, in time order: a stable sort by rank suffices.
-        order = np.argsort(rank, kind="stable")
-        return Merged(rank[order], ts[order], val[order])
+            out.append(_Grid(ranks, block.ts[a:b].copy(), grid, has))
+        return out
+
+    def _samples(self, found: list[tuple[int, SeriesKey]], lo_ms: int, hi_ms: int,
+                 max_samples: int | None) -> Merged:
+        """The samples of ``found`` in ``[lo_ms, hi_ms]`` sorted by ``(rank, ts)``, ``rank``
+        a series' place in ``found``."""
+        cols = _assemble(found, [g.raw() for g in self._grids(found, lo_ms, hi_ms,
+                                                               max_samples)])
+        ranks = np.repeat(np.arange(len(cols.keys)), np.diff(cols.bounds))
+        if cols.keys:  # the ranks in ``found`` of the series that have samples
+            where = {key: r for r, (_, key) in enumerate(found)}
+            ranks = np.fromiter((where[k] for k in cols.keys), np.int64, len(cols.keys))[ranks]
+        return Merged(ranks, np.rint(cols.ts * 1000).astype(np.int64), cols.values)
 
     def read(self, q: Query) -> SeriesColumns:
         lo, hi = q.window()
@@ -280,22 +282,11 @@ class MemorySeries:
             found = self._find(q)
             if not found:
                 return _EMPTY
-            m = self._samples(found, lo, hi, q.max_samples)
-        if not len(m):
-            return _EMPTY
+            grids = self._grids(found, lo, hi, q.max_samples)
         if q.step is None:
-            starts, _ = m.groups()
-            return _columns(found, m.ids, starts, m.ts / 1000, m.values)
-        a = aggregate(m, round(q.step * 1000))
-        # As query._merge gives a raw source's partials (one per bucket).
-        with np.errstate(invalid="ignore", divide="ignore"):
-            values: F64 = {
-                "avg": lambda: a.sum / a.n, "sum": lambda: a.sum,
-                "count": lambda: a.n.astype(np.float64), "min": lambda: a.min,
-                "max": lambda: a.max, "last": lambda: a.last,
-            }[str(q.agg)]()
-        starts, _ = run_bounds(a.ids)
-        return _columns(found, a.ids, starts, a.buckets / 1000, values)
+            return _assemble(found, [g.raw() for g in grids])
+        step, agg = round(q.step * 1000), str(q.agg)
+        return _assemble(found, [g.buckets(step, agg) for g in grids])
 
     def increase(self, q: Query) -> list[tuple[SeriesKey, float, int, int]]:
         """As ``query.increase``: reset-aware over the raw samples in the window."""
@@ -340,10 +331,71 @@ class MemorySeries:
         return keys if limit is None else keys[:limit]
 
 
-def _columns(found: Sequence[tuple[int, SeriesKey]], ranks: I64, starts: I64, ts: F64,
-             values: F64) -> SeriesColumns:
-    """Columns of rows sorted by rank (a series' place in ``found``), ``starts`` the first
-    row of each rank present."""
-    bounds = np.append(starts, len(ranks)).astype(np.int64)
-    return SeriesColumns([found[r][1] for r in ranks[starts].tolist()], bounds, ts, values)
+#: Per series with samples (in rank order): its rank, its number of points, then all their
+#: timestamps (unix s) and values, one series after the other.
+_Piece = tuple[I64, I64, F64, F64]
 
+
+class _Grid(NamedTuple):
+    """Samples of some series of one name: ``grid[i, j]`` is series ``ranks[i]``'s value at
+    ``ts[j]`` (ms), where ``has[i, j]``."""
+
+    ranks: I64
+    ts: I64
+    grid: F64
+    has: npt.NDArray[np.bool_]
+
+    def raw(self) -> _Piece:
+        counts = self.has.sum(axis=1)
+        keep = counts > 0
+        flat = self.has.ravel()
+        return (self.ranks[keep], counts[keep],
+                np.tile(self.ts / 1000, len(self.ranks))[flat], self.grid[self.has])
+
+    def buckets(self, step_ms: int, agg: str) -> _Piece:
+        """Epoch-aligned ``step_ms`` buckets, each stamped with its start: what
+        ``query.aggregate`` and ``query._merge`` give over raw samples, per ``agg``."""
+        b = self.ts // step_ms * step_ms
+        starts = np.flatnonzero(np.concatenate([[True], b[1:] != b[:-1]]))
+        has, grid = self.has, self.grid
+        n = np.add.reduceat(has, starts, axis=1)
+        # +inf and -inf in one bucket sum to NaN, as in SQL; numpy would also warn about it.
+        with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+            if agg in ("avg", "sum"):
+                total = np.add.reduceat(np.where(has, grid, 0.0), starts, axis=1)
+                value = total / n if agg == "avg" else total
+            elif agg == "count":
+                value = n.astype(np.float64)
+            elif agg == "min":
+                value = np.minimum.reduceat(np.where(has, grid, np.inf), starts, axis=1)
+            elif agg == "max":
+                value = np.maximum.reduceat(np.where(has, grid, -np.inf), starts, axis=1)
+            else:  # last: the value at the newest timestamp with one
+                at = np.maximum.reduceat(np.where(has, np.arange(len(b)), -1), starts, axis=1)
+                value = np.take_along_axis(grid, np.maximum(at, 0), axis=1)
+        full = n > 0
+        counts = full.sum(axis=1)
+        keep = counts > 0
+        return (self.ranks[keep], counts[keep],
+                np.tile(b[starts] / 1000, len(self.ranks))[full.ravel()], value[full])
+
+
+def _assemble(found: Sequence[tuple[int, SeriesKey]], pieces: list[_Piece]) -> SeriesColumns:
+    """The columns of ``pieces`` (each in rank order, no rank in two), in rank order."""
+    pieces = [p for p in pieces if len(p[0])]
+    if not pieces:
+        return _EMPTY
+    if len(pieces) == 1:
+        ranks, counts, ts, values = pieces[0]
+    else:
+        ranks, counts, ts, values = (np.concatenate(c) for c in zip(*pieces, strict=True))
+        first = np.cumsum(counts) - counts  # each series' first point, as concatenated
+        order = np.argsort(ranks, kind="stable")
+        ranks, counts, first = ranks[order], counts[order], first[order]
+        # Each series' points, one series after the other in rank order.
+        take = np.repeat(first - (np.cumsum(counts) - counts), counts) + np.arange(
+            int(counts.sum()))
+        ts, values = ts[take], values[take]
+    bounds = np.zeros(len(ranks) + 1, np.int64)
+    np.cumsum(counts, out=bounds[1:])
+    return SeriesColumns([found[r][1] for r in ranks.tolist()], bounds, ts, values)
