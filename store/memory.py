@@ -126,6 +126,9 @@ class MemorySeries:
         self._names: dict[str, list[int]] = {}  # name -> its series numbers
         #: ``find`` answers by selection, forgotten whenever a series is created.
         self._memo: dict[tuple[Any, ...], list[tuple[int, SeriesKey]]] = {}
+        #: ``_layout`` answers for the ``find`` answers in the memo, by their ``id``.
+        self._layouts: dict[int, tuple[list[tuple[int, SeriesKey]],
+                                       list[tuple[_Block, I64, I64]]]] = {}
 
     # --- the sink ----------------------------------------------------------------------------
 
@@ -175,6 +178,7 @@ class MemorySeries:
             self._keys.append(key)
             self._names.setdefault(name, []).append(sid)
             self._memo.clear()
+            self._layouts.clear()
         block = self._blocks.get(name)
         if block is None:
             block = self._blocks[name] = _Block(len(self._block_list))
@@ -233,20 +237,12 @@ class MemorySeries:
                max_samples: int | None) -> list[_Grid]:
         """The samples of ``found`` in ``[lo_ms, hi_ms]``: a grid per metric name, a row per
         series (in ``found``'s order), a column per timestamp (in time order)."""
-        by_name: dict[str, list[tuple[int, int]]] = {}  # name -> (rank, sid), rank order
-        for rank, (sid, key) in enumerate(found):
-            by_name.setdefault(key.name, []).append((rank, sid))
         out: list[_Grid] = []
         total = 0
-        for name, wanted in by_name.items():
-            block = self._blocks.get(name)
-            if block is None:
-                continue
+        for block, ranks, cols in self._layout(found):
             a, b = block.window(lo_ms, hi_ms)
             if a == b:
                 continue
-            ranks = np.fromiter((r for r, _ in wanted), np.int64, len(wanted))
-            cols = np.fromiter((block.slot_of[sid] for _, sid in wanted), np.int64, len(wanted))
             grid = np.ascontiguousarray(block.values[a:b, cols].T)  # a copy: safe unlocked
             has = ~np.isnan(grid)
             total += int(np.count_nonzero(has))
@@ -255,6 +251,25 @@ class MemorySeries:
                                     what="samples", limit=max_samples)
             out.append(_Grid(ranks, block.ts[a:b].copy(), grid, has))
         return out
+
+    def _layout(self, found: list[tuple[int, SeriesKey]]) -> list[tuple[_Block, I64, I64]]:
+        """Per block of ``found``'s series: the block, their ranks in ``found`` and their
+        columns; remembered for a remembered ``found`` (rules ask the same every time)."""
+        known = self._layouts.get(id(found))
+        if known is not None and known[0] is found:
+            return known[1]
+        by_name: dict[str, list[tuple[int, int]]] = {}  # name -> (rank, sid), rank order
+        for rank, (sid, key) in enumerate(found):
+            by_name.setdefault(key.name, []).append((rank, sid))
+        layout = []
+        for name, wanted in by_name.items():
+            block = self._blocks[name]
+            layout.append((block, np.fromiter((r for r, _ in wanted), np.int64, len(wanted)),
+                           np.fromiter((block.slot_of[sid] for _, sid in wanted), np.int64,
+                                       len(wanted))))
+        if any(f is found for f in self._memo.values()):
+            self._layouts[id(found)] = (found, layout)
+        return layout
 
     def _samples(self, found: list[tuple[int, SeriesKey]], lo_ms: int, hi_ms: int,
                  max_samples: int | None) -> Merged:
