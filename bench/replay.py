@@ -26,6 +26,9 @@ import argparse
 import json
 import os
 import resource
+import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -33,7 +36,8 @@ from typing import Any
 
 from tests.payloads import series_count, triton_payload
 from tritonwatch.alerts.rules import load_rules
-from tritonwatch.replay import replay
+from tritonwatch.replay import _Replayer, backtest, load_recording, replay
+from tritonwatch.store import open_store
 
 SCRAPE_S = 30.0
 DAY_SCRAPES = 2880
@@ -80,11 +84,70 @@ def measure(name: str, scrapes: int, tmp: Path) -> dict[str, Any]:
     }
 
 
+def measure_jobs(jobs: int, scrapes: int, tmp: Path) -> list[dict[str, Any]]:
+    """``tritonwatch replay <fleet> --jobs 1`` and ``--jobs N`` over N small recordings (one
+    target each), in a child process: wall and CPU seconds (with its workers)."""
+    fleet = tmp / "fleet"
+    first = fleet / "t0"
+    write_recording(first, scrapes, SHAPES["small"])
+    for i in range(1, jobs):
+        shutil.copytree(first, fleet / f"t{i}")
+    code = "import sys; from tritonwatch import cli; sys.exit(cli.main(sys.argv[1:]))"
+    rows = []
+    for n in sorted({1, jobs}):
+        wall0, cpu0 = time.perf_counter(), _cpu()
+        subprocess.run([sys.executable, "-c", code, "replay", str(fleet), "--json", "--jobs",
+                        str(n)], check=True, stdout=subprocess.DEVNULL)
+        wall, cpu = time.perf_counter() - wall0, _cpu() - cpu0
+        rows.append({"recording": f"{jobs} x small, --jobs {n}", "series": 116 * jobs,
+                     "scrapes": scrapes * jobs, "samples": 116 * scrapes * jobs,
+                     "wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
+                     "wall_s_per_target_day": round(wall * DAY_SCRAPES / scrapes / jobs, 1),
+                     "cpu_s_per_target_day": round(cpu * DAY_SCRAPES / scrapes / jobs, 1),
+                     "samples_per_s": round(116 * scrapes * jobs / wall)})
+    return rows
+
+
+def measure_backtest(scrapes: int, tmp: Path) -> dict[str, Any]:
+    """``backtest`` over a SQLite store holding the small recording as ``serve`` would have
+    stored it (flushed every 5 scrapes, maintained every 10: log moved into chunks, rollups,
+    compaction), evaluating every 30 s from its first scrape to its last."""
+    rec = tmp / "backtest"
+    write_recording(rec, scrapes, SHAPES["small"])
+    recording = load_recording(rec)
+    with open_store(f"sqlite:///{tmp}/backtest.db") as store:
+        store.migrations.apply()
+        ingest = _Replayer(recording, store, target="t0", ttft_slo=None, itl_slo=None)
+        for i, scrape in enumerate(recording.scrapes, 1):
+            ingest.ingest_until(scrape.ts)
+            if i % 5 == 0:
+                store.flush()
+            if i % 10 == 0:
+                store.maintenance.rollup(scrape.ts)
+        store.flush()
+        store.maintenance.rollup(recording.scrapes[-1].ts)
+        rules = load_rules(None)
+        wall0, cpu0 = time.perf_counter(), _cpu()
+        outcome = backtest(store, rules, start=T0, end=T0 + (scrapes - 1) * SCRAPE_S,
+                           step=SCRAPE_S)
+        wall, cpu = time.perf_counter() - wall0, _cpu() - cpu0
+    scale = DAY_SCRAPES / scrapes
+    return {"recording": "small, backtest", "series": 116, "scrapes": scrapes,
+            "samples": 116 * scrapes, "alerts": len(outcome.alerts), "wall_s": round(wall, 2),
+            "cpu_s": round(cpu, 2), "wall_s_per_target_day": round(wall * scale, 1),
+            "cpu_s_per_target_day": round(cpu * scale, 1),
+            "samples_per_s": round(116 * scrapes / wall)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--small-scrapes", type=int, default=DAY_SCRAPES)
     ap.add_argument("--large-scrapes", type=int, default=120)
     ap.add_argument("--only", choices=sorted(SHAPES), help="one recording only")
+    ap.add_argument("--jobs", type=int, default=0,
+                    help="also replay this many small recordings with --jobs 1 and --jobs N")
+    ap.add_argument("--backtest-scrapes", type=int, default=0,
+                    help="also backtest over a store holding this many small scrapes")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     rows = []
@@ -92,6 +155,10 @@ def main() -> None:
         for name, scrapes in (("small", args.small_scrapes), ("large", args.large_scrapes)):
             if args.only in (None, name):
                 rows.append(measure(name, scrapes, Path(t)))
+        if args.backtest_scrapes:
+            rows.append(measure_backtest(args.backtest_scrapes, Path(t)))
+        if args.jobs:
+            rows += measure_jobs(args.jobs, args.small_scrapes, Path(t))
     if args.json:
         print(json.dumps(rows, indent=2))
         return
@@ -99,7 +166,7 @@ def main() -> None:
             "wall_s_per_target_day", "cpu_s_per_target_day", "samples_per_s"]
     print(" | ".join(cols))
     for r in rows:
-        print(" | ".join(str(r[c]) for c in cols))
+        print(" | ".join(str(r.get(c, "")) for c in cols))
 
 
 if __name__ == "__main__":
