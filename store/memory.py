@@ -29,8 +29,9 @@ leave NaN holes), which is what a replay of a recording asks for.  Thread-safe.
 
 from __future__ import annotations
 
+import math
 import threading
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -39,7 +40,7 @@ import numpy.typing as npt
 from tritonwatch.schemas.samples import Labels, label_value, labels_json, make_labels
 from tritonwatch.store.chunks import Merged
 from tritonwatch.store.errors import LimitExceeded, QueryError
-from tritonwatch.store.query import AGGS
+from tritonwatch.store.query import AGGS, ROLLUP_5M_MS
 from tritonwatch.store.reads import Query, page_window
 from tritonwatch.store.values import SeriesColumns, SeriesKey
 
@@ -166,6 +167,33 @@ class MemorySeries:
 
     def send_now(self) -> None:
         """Every sample is readable as soon as it is written."""
+
+    def load(self, cols: SeriesColumns) -> None:
+        """Hold ``cols`` (raw samples, canonical keys, no two at one millisecond: a store's
+        answer) for names this object holds nothing of yet: one assignment per name."""
+        if not cols.keys:
+            return
+        ts_ms = np.rint(cols.ts * 1000).astype(np.int64)
+        sizes = np.diff(cols.bounds)
+        by_name: dict[str, list[int]] = {}
+        for i, key in enumerate(cols.keys):
+            by_name.setdefault(key.name, []).append(i)
+        with self._lock:
+            for name, series in by_name.items():
+                if name in self._blocks:
+                    raise ValueError(f"load: {name!r} is held already")
+                at = np.concatenate([np.arange(cols.bounds[i], cols.bounds[i + 1])
+                                     for i in series])
+                stamps = np.unique(ts_ms[at])
+                col = np.fromiter((self._col_of[self._spell(*cols.keys[i])] for i in series),
+                                  np.int64, len(series))
+                block = self._blocks[name]
+                block.ts = stamps
+                block.n = len(stamps)
+                grid = np.full((len(stamps), max(block.cols, 1)), np.nan)
+                grid[np.searchsorted(stamps, ts_ms[at]), np.repeat(col, sizes[series])] = \
+                    cols.values[at]
+                block.values = grid
 
     def _spell(self, target: str, name: str, labels: Labels) -> int:
         """A new spelling of a series (its labels as written): its number, the series (and
@@ -414,3 +442,75 @@ def _assemble(found: Sequence[tuple[int, SeriesKey]], pieces: list[_Piece]) -> S
     bounds = np.zeros(len(ranks) + 1, np.int64)
     np.cumsum(counts, out=bounds[1:])
     return SeriesColumns([found[r][1] for r in ranks.tolist()], bounds, ts, values)
+
+
+#: What :class:`HeldWindow` holds at most (samples, 8 bytes each and more).
+HELD_SAMPLES = 20_000_000
+
+
+class HeldWindow:
+    """The raw samples of ``[start, end]`` of the names read, held in memory for reads inside
+    that window (``Store.held``: ``backtest``): each name is read from the database once, on
+    its first read, and every later read of it inside the window is answered here.
+
+    Answered here, with the database's answers (the same raw samples, the same arithmetic):
+    raw reads, increase and rate, and buckets whose step is not a multiple of 5 minutes.
+    Left to the database (:meth:`read` answers None): windows reaching outside ``[start,
+    end]``, steps that are multiples of 5 minutes (the database may answer those from its
+    rollups, whose first bucket reaches before the window), reads with ``max_series`` or
+    ``max_samples`` (the database counts them its own way), reads of every name, and names
+    whose samples in the window would take the holding past ``max_samples``.  Samples
+    written to the database after a name was read are not seen: it is for history.
+    """
+
+    def __init__(self, start: float, end: float, load: Callable[[Query], SeriesColumns], *,
+                 max_samples: int = HELD_SAMPLES) -> None:
+        self.start, self.end = start, end
+        self._lo, self._hi = round(start * 1000), round(end * 1000)
+        self._load = load
+        self._max = max_samples
+        self._series = MemorySeries()
+        self._lock = threading.Lock()
+        #: Per name read: held (True) or left to the database (False).
+        self.names: dict[str, bool] = {}
+        #: Samples held.
+        self.samples = 0
+
+    def read(self, q: Query) -> SeriesColumns | None:
+        """``Store.read``'s answer, or None: ask the database."""
+        return self._series.read(q) if self._holds(q) else None
+
+    def increase(self, q: Query) -> list[tuple[SeriesKey, float, int, int]] | None:
+        """``Store.increase``'s answer (with each series' first and last ms), or None."""
+        return self._series.increase(q) if self._holds(q) else None
+
+    def _holds(self, q: Query) -> bool:
+        if q.max_samples is not None or q.max_series is not None:
+            return False
+        if (q.name is None) == (q.names is None):  # every name, or a name within names
+            return False
+        if q.step is not None and (not math.isfinite(q.step)
+                                   or round(q.step * 1000) % ROLLUP_5M_MS == 0):
+            return False
+        if q.start is None or q.end is None or not (
+                math.isfinite(q.start) and math.isfinite(q.end)):
+            return False  # the database says what is wrong with it
+        if round(q.start * 1000) < self._lo or round(q.end * 1000) > self._hi:
+            return False
+        names = [q.name] if q.name is not None else sorted(set(q.names or ()))
+        with self._lock:
+            for name in names:
+                if name not in self.names:
+                    self._fetch(name)
+            return all(self.names[name] for name in names)
+
+    def _fetch(self, name: str) -> None:
+        try:
+            cols = self._load(Query(name, start=self.start, end=self.end,
+                                    max_samples=self._max - self.samples))
+        except LimitExceeded:
+            self.names[name] = False
+            return
+        self._series.load(cols)
+        self.samples += len(cols.values)
+        self.names[name] = True

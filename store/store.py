@@ -29,8 +29,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Container, Iterable, Mapping
-from contextlib import AbstractContextManager
+from collections.abc import Container, Iterable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
 from operator import itemgetter
 from typing import Any, NamedTuple, Protocol
 
@@ -54,6 +54,7 @@ from tritonwatch.store.engine import (
 from tritonwatch.store.errors import StoreError, db_errors
 from tritonwatch.store.flush import BufferedScrape, SampleWriter, SeriesRefused
 from tritonwatch.store.jobs import Maintenance
+from tritonwatch.store.memory import HELD_SAMPLES, HeldWindow
 from tritonwatch.store.migrate import Migrations
 from tritonwatch.store.reads import Query, Reader
 from tritonwatch.store.values import SeriesColumns, SeriesKey
@@ -201,6 +202,7 @@ class Store:
         #: compaction and retention of samples are then the TSDB's (the SQL tables stay empty).
         self._tsdb = timeseries
         self._sink = sink
+        self._held: HeldWindow | None = None  # within ``held()``
         self._writer = SampleWriter(self._engine, self._reader)
         #: Creates the schema and upgrades an older one (``store.migrate``).
         self.migrations = Migrations(self._engine, self.url_redacted)
@@ -523,6 +525,14 @@ class Store:
         without samples in the window are left out."""
         if self._tsdb is not None:
             return self._tsdb.read(q)
+        held = self._held
+        if held is not None:
+            got = held.read(q)
+            if got is not None:
+                return got
+        return self._read_sql(q)
+
+    def _read_sql(self, q: Query) -> SeriesColumns:
         with self._db("query buckets" if q.step is not None else "query range"), \
                 transaction(self._engine, write=False) as conn:
             return self._reader.read(conn, q)
@@ -547,8 +557,32 @@ class Store:
     def _increase(self, q: Query) -> list[tuple[SeriesKey, float, int, int]]:
         if self._tsdb is not None:
             return self._tsdb.increase(q)
+        held = self._held
+        if held is not None:
+            got = held.increase(q)
+            if got is not None:
+                return got
         with self._db("query increase"), transaction(self._engine, write=False) as conn:
             return self._reader.increase(conn, q)
+
+    @contextmanager
+    def held(self, start: float, end: float, *,
+             max_samples: int = HELD_SAMPLES) -> Iterator[HeldWindow | None]:
+        """Within it, reads inside ``[start, end]`` are answered from memory: each metric name's
+        raw samples of the window are read once, on its first read, up to ``max_samples`` in
+        all (``store.memory.HeldWindow`` says which reads, with the same answers).  For reads
+        of history that repeat (``backtest``), not for data still being written: samples
+        flushed after a name was read are not seen until the end of the block.  A TSDB store
+        answers as it does without it (None)."""
+        if self._tsdb is not None:
+            yield None
+            return
+        window = HeldWindow(start, end, self._read_sql, max_samples=max_samples)
+        self._held = window
+        try:
+            yield window
+        finally:
+            self._held = None
 
     def series(self, q: Query | None = None) -> list[SeriesKey]:
         """The series ``q`` selects (all without it), sorted by key; its window is ignored."""

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tests.alerts.test_replay import T0
 from tests.alerts.test_replay_fast import _recording, _rules
-from tritonwatch.replay import replay
-from tritonwatch.schemas.samples import TargetHealth
-from tritonwatch.store import open_store
+from tritonwatch.replay import _Replayer, backtest, load_recording, replay
+from tritonwatch.schemas.samples import Sample, TargetHealth, make_labels
+from tritonwatch.store import Query, Store, open_store
 
 
 def test_replay_in_memory_gives_the_alerts_of_the_sqlite_scratch_store(tmp_path: Path) -> None:
@@ -40,3 +41,56 @@ def test_scratch_store_health_reads_see_every_write(tmp_path: Path) -> None:
         assert [(h.target, h.up) for h in store.health()] == [("a", False), ("b", True)]
         assert [(h.target, h.up) for h in store.health(limit=1)] == [("a", False)]
         assert [h.target for h in store.health(targets={"b"})] == ["b"]
+
+
+def _stored(tmp_path: Path) -> tuple[Store, float, float]:
+    """A durable store holding the recording as ``serve`` keeps it (flushed, maintained)."""
+    recording = load_recording(_recording(tmp_path / "rec"))
+    store = open_store(f"sqlite:///{tmp_path}/tw.db")
+    store.migrations.apply()
+    times = [s.ts for s in recording.scrapes] + [p["ts"] for p in recording.probes]
+    start, end = min(times), max(times)
+    _Replayer(recording, store, target="replay", ttft_slo=0.2, itl_slo=None).ingest_until(end)
+    store.flush()
+    store.maintenance.rollup(end + 3600)
+    return store, start, end
+
+
+def test_backtest_held_in_memory_gives_the_alerts_of_reading_the_database(
+        tmp_path: Path) -> None:
+    store, start, end = _stored(tmp_path)
+    with store:
+        held = backtest(store, _rules(), start=start, end=end, step=5.0)
+        sql = backtest(store, _rules(), start=start, end=end, step=5.0, held=False)
+    assert held == sql
+    assert {a.alertname for a in held.alerts} >= {"BusyBatcher", "SlowTTFT"}
+
+
+def test_held_reads_come_from_memory_inside_the_window_only(tmp_path: Path) -> None:
+    with open_store(f"sqlite:///{tmp_path}/s.db") as store:
+        store.migrations.apply()
+        labels = make_labels({"gpu": "0"})
+        for i in range(40):
+            store.write("t", T0 + 15 * i, [Sample("g", labels, float(i))])
+        store.flush()
+        inside = Query("g", start=T0, end=T0 + 300)
+        want = store.read(inside).series()
+        with store.held(T0 - 60, T0 + 600) as window:
+            assert window is not None
+            assert store.read(inside).series() == want
+            assert window.names == {"g": True} and window.samples == 40
+            # Written after the name was read: a held read does not see it (it answers from
+            # memory); reads the window does not hold go to the database and do.
+            store.write("t", T0 + 150, [Sample("g", labels, 1000.0)])
+            store.flush()
+            assert store.read(inside).series() == want
+            assert 1000.0 in store.read(Query("g", start=T0 - 120, end=T0 + 300)).values
+            assert 1000.0 in store.read(Query("g", start=T0, end=T0 + 300, step=300,
+                                              agg="max")).values
+            assert 1000.0 in store.read(Query("g", start=T0, end=T0 + 300,
+                                              max_samples=100)).values
+        assert 1000.0 in store.read(inside).values
+        # A name past the bound is left to the database.
+        with store.held(T0 - 60, T0 + 600, max_samples=10) as window:
+            assert 1000.0 in store.read(inside).values
+            assert window is not None and window.names == {"g": False}
