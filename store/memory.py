@@ -170,7 +170,8 @@ class MemorySeries:
 
     def load(self, cols: SeriesColumns) -> None:
         """Hold ``cols`` (raw samples, canonical keys, no two at one millisecond: a store's
-        answer) for names this object holds nothing of yet: one assignment per name."""
+        answer) at timestamps this object holds nothing at for their names (a span of time
+        it does not hold yet): one assignment per name."""
         if not cols.keys:
             return
         ts_ms = np.rint(cols.ts * 1000).astype(np.int64)
@@ -180,20 +181,22 @@ class MemorySeries:
             by_name.setdefault(key.name, []).append(i)
         with self._lock:
             for name, series in by_name.items():
-                if name in self._blocks:
-                    raise ValueError(f"load: {name!r} is held already")
                 at = np.concatenate([np.arange(cols.bounds[i], cols.bounds[i + 1])
                                      for i in series])
                 stamps = np.unique(ts_ms[at])
                 col = np.fromiter((self._col_of[self._spell(*cols.keys[i])] for i in series),
                                   np.int64, len(series))
-                block = self._blocks[name]
-                block.ts = stamps
-                block.n = len(stamps)
-                grid = np.full((len(stamps), max(block.cols, 1)), np.nan)
-                grid[np.searchsorted(stamps, ts_ms[at]), np.repeat(col, sizes[series])] = \
+                block = self._blocks[name]  # _spell made it, and its columns
+                n = block.n
+                if np.isin(stamps, block.ts[:n]).any():
+                    raise ValueError(f"load: {name!r} holds samples at these times already")
+                grid = np.full((n + len(stamps), max(block.cols, 1)), np.nan)
+                grid[:n] = block.values[:n, :grid.shape[1]]
+                grid[n + np.searchsorted(stamps, ts_ms[at]), np.repeat(col, sizes[series])] = \
                     cols.values[at]
-                block.values = grid
+                every = np.concatenate([block.ts[:n], stamps])
+                order = np.argsort(every, kind="stable")
+                block.ts, block.values, block.n = every[order], grid[order], len(every)
 
     def _spell(self, target: str, name: str, labels: Labels) -> int:
         """A new spelling of a series (its labels as written): its number, the series (and
@@ -446,33 +449,36 @@ def _assemble(found: Sequence[tuple[int, SeriesKey]], pieces: list[_Piece]) -> S
 
 #: What :class:`HeldWindow` holds at most (samples, 8 bytes each and more).
 HELD_SAMPLES = 20_000_000
+#: :class:`HeldWindow` reads a name's samples from the database in epoch-aligned spans of
+#: this many seconds: the windows of a backtest's next steps are mostly in the span already.
+HELD_SPAN_S = 6 * 3600
 
 
 class HeldWindow:
-    """The raw samples of ``[start, end]`` of the names read, held in memory for reads inside
-    that window (``Store.held``: ``backtest``): each name is read from the database once, on
-    its first read, and every later read of it inside the window is answered here.
+    """Raw samples of the names read, held in memory for the reads that repeat over history
+    (``Store.held``: ``backtest``): a read of a name reads the spans of
+    :data:`HELD_SPAN_S` it touches from the database, once each, and is answered here; so are
+    later reads in those spans.
 
     Answered here, with the database's answers (the same raw samples, the same arithmetic):
     raw reads, increase and rate, and buckets whose step is not a multiple of 5 minutes.
-    Left to the database (:meth:`read` answers None): windows reaching outside ``[start,
-    end]``, steps that are multiples of 5 minutes (the database may answer those from its
-    rollups, whose first bucket reaches before the window), reads with ``max_series`` or
-    ``max_samples`` (the database counts them its own way), reads of every name, and names
-    whose samples in the window would take the holding past ``max_samples``.  Samples
-    written to the database after a name was read are not seen: it is for history.
+    Left to the database (:meth:`read` answers None): steps that are multiples of 5 minutes
+    (the database may answer those from its rollups, whose first bucket reaches before the
+    window), reads with ``max_series`` or ``max_samples`` (the database counts them its own
+    way), reads of every name, and names whose samples would take the holding past
+    ``max_samples``.  Samples written to the database after their span was read are not seen:
+    it is for history, not for data still being written.
     """
 
-    def __init__(self, start: float, end: float, load: Callable[[Query], SeriesColumns], *,
-                 max_samples: int = HELD_SAMPLES) -> None:
-        self.start, self.end = start, end
-        self._lo, self._hi = round(start * 1000), round(end * 1000)
+    def __init__(self, load: Callable[[Query], SeriesColumns], *,
+                 max_samples: int = HELD_SAMPLES, span_s: float = HELD_SPAN_S) -> None:
         self._load = load
         self._max = max_samples
+        self._span = round(span_s * 1000)
         self._series = MemorySeries()
         self._lock = threading.Lock()
-        #: Per name read: held (True) or left to the database (False).
-        self.names: dict[str, bool] = {}
+        #: Per name read: the spans held (their numbers), or None: left to the database.
+        self.names: dict[str, set[int] | None] = {}
         #: Samples held.
         self.samples = 0
 
@@ -493,24 +499,29 @@ class HeldWindow:
                                    or round(q.step * 1000) % ROLLUP_5M_MS == 0):
             return False
         if q.start is None or q.end is None or not (
-                math.isfinite(q.start) and math.isfinite(q.end)):
+                math.isfinite(q.start) and math.isfinite(q.end)) or q.start > q.end:
             return False  # the database says what is wrong with it
-        if round(q.start * 1000) < self._lo or round(q.end * 1000) > self._hi:
-            return False
+        first, last = round(q.start * 1000) // self._span, round(q.end * 1000) // self._span
         names = [q.name] if q.name is not None else sorted(set(q.names or ()))
         with self._lock:
             for name in names:
-                if name not in self.names:
-                    self._fetch(name)
-            return all(self.names[name] for name in names)
+                spans = self.names.setdefault(name, set())
+                for span in range(first, last + 1):
+                    if spans is not None and span not in spans:
+                        spans = self._fetch(name, spans, span)
+                    if spans is None:
+                        return False
+            return True
 
-    def _fetch(self, name: str) -> None:
+    def _fetch(self, name: str, spans: set[int], span: int) -> set[int] | None:
+        lo = span * self._span
         try:
-            cols = self._load(Query(name, start=self.start, end=self.end,
+            cols = self._load(Query(name, start=lo / 1000, end=(lo + self._span - 1) / 1000,
                                     max_samples=self._max - self.samples))
         except LimitExceeded:
-            self.names[name] = False
-            return
+            self.names[name] = None
+            return None
         self._series.load(cols)
         self.samples += len(cols.values)
-        self.names[name] = True
+        spans.add(span)
+        return spans

@@ -566,18 +566,17 @@ class Store:
             return self._reader.increase(conn, q)
 
     @contextmanager
-    def held(self, start: float, end: float, *,
-             max_samples: int = HELD_SAMPLES) -> Iterator[HeldWindow | None]:
-        """Within it, reads inside ``[start, end]`` are answered from memory: each metric name's
-        raw samples of the window are read once, on its first read, up to ``max_samples`` in
-        all (``store.memory.HeldWindow`` says which reads, with the same answers).  For reads
-        of history that repeat (``backtest``), not for data still being written: samples
-        flushed after a name was read are not seen until the end of the block.  A TSDB store
+    def held(self, *, max_samples: int = HELD_SAMPLES) -> Iterator[HeldWindow | None]:
+        """Within it, time-series reads are answered from memory: each metric name's raw
+        samples are read once per 6-hour span a read touches, up to ``max_samples`` in all
+        (``store.memory.HeldWindow`` says which reads, with the same answers).  For reads of
+        history that repeat (``backtest``), not for data still being written: samples flushed
+        after their span was read are not seen until the end of the block.  A TSDB store
         answers as it does without it (None)."""
         if self._tsdb is not None:
             yield None
             return
-        window = HeldWindow(start, end, self._read_sql, max_samples=max_samples)
+        window = HeldWindow(self._read_sql, max_samples=max_samples)
         self._held = window
         try:
             yield window

@@ -404,11 +404,6 @@ def replay(
             store.close()
 
 
-#: How much history before ``--from`` a backtest holds in memory (``Store.held``): the recent
-#: windows of the rules (and their 4-hour baselines) read from memory from the first step on.
-HELD_BEFORE_S = 6 * 3600.0
-
-
 def backtest(
     store: Store, rules: Sequence[Rule], *, start: float, end: float, step: float,
     progress: Callable[[int, int], None] | None = None, held: bool = True,
@@ -416,9 +411,9 @@ def backtest(
     """Evaluate ``rules`` every ``step`` seconds over ``[start, end]`` of ``store``'s history,
     without reading or writing alert state; ``progress(done, total)`` after each step.
 
-    ``held``: the samples of ``[start - HELD_BEFORE_S, end]`` of each name the rules read are
-    read from the store once and held in memory (``Store.held``), same results, faster;
-    ``False`` reads every window from the store at every step."""
+    ``held``: the samples the rules read are read from the store once (in 6-hour spans) and
+    held in memory (``Store.held``), same results, faster; ``False`` reads every window from
+    the store at every step."""
     if not step > 0:
         raise ReplayError(f"step must be positive, got {step!r}")
     if end < start:
@@ -426,7 +421,7 @@ def backtest(
     engine = Engine(rules, store, eval_interval=step, persist=False, clock=lambda: start)
     events: list[AlertEvent] = []
     n = math.floor((end - start) / step + 1e-9) + 1
-    with store.held(start - HELD_BEFORE_S, end) if held else contextlib.nullcontext():
+    with store.held() if held else contextlib.nullcontext():
         for i in range(n):
             events += engine.evaluate(start + i * step)
             if progress is not None:

@@ -15,6 +15,7 @@ from tests.alerts.test_replay_fast import _recording, _rules
 from tritonwatch.replay import _Replayer, backtest, load_recording, replay
 from tritonwatch.schemas.samples import Sample, TargetHealth, make_labels
 from tritonwatch.store import Query, Store, open_store
+from tritonwatch.store.memory import HELD_SPAN_S
 
 
 def test_replay_in_memory_gives_the_alerts_of_the_sqlite_scratch_store(tmp_path: Path) -> None:
@@ -75,22 +76,24 @@ def test_held_reads_come_from_memory_inside_the_window_only(tmp_path: Path) -> N
         store.flush()
         inside = Query("g", start=T0, end=T0 + 300)
         want = store.read(inside).series()
-        with store.held(T0 - 60, T0 + 600) as window:
+        span = HELD_SPAN_S * 1000
+        with store.held() as window:
             assert window is not None
             assert store.read(inside).series() == want
-            assert window.names == {"g": True} and window.samples == 40
-            # Written after the name was read: a held read does not see it (it answers from
-            # memory); reads the window does not hold go to the database and do.
+            assert window.names == {"g": {round(T0 * 1000) // span}}
+            assert window.samples == 40
+            # Written after its span was read: a held read does not see it (it answers from
+            # memory); reads the holding leaves to the database do.
             store.write("t", T0 + 150, [Sample("g", labels, 1000.0)])
             store.flush()
             assert store.read(inside).series() == want
-            assert 1000.0 in store.read(Query("g", start=T0 - 120, end=T0 + 300)).values
+            assert store.read(Query("g", start=T0 - 3 * 86400, end=T0 + 300)).series() == want
             assert 1000.0 in store.read(Query("g", start=T0, end=T0 + 300, step=300,
                                               agg="max")).values
             assert 1000.0 in store.read(Query("g", start=T0, end=T0 + 300,
                                               max_samples=100)).values
         assert 1000.0 in store.read(inside).values
         # A name past the bound is left to the database.
-        with store.held(T0 - 60, T0 + 600, max_samples=10) as window:
+        with store.held(max_samples=10) as window:
             assert 1000.0 in store.read(inside).values
-            assert window is not None and window.names == {"g": False}
+            assert window is not None and window.names == {"g": None}

@@ -35,7 +35,7 @@ from tests.store.test_contract import (  # noqa: F401
 from tritonwatch.schemas.samples import Labels, Sample, make_labels
 from tritonwatch.store import Agg, Query, SeriesKey, Store, open_store
 from tritonwatch.store.errors import LimitExceeded
-from tritonwatch.store.memory import MemorySeries
+from tritonwatch.store.memory import HeldWindow, MemorySeries
 
 AGGS: list[Agg] = ["avg", "min", "max", "sum", "count", "last"]
 
@@ -203,3 +203,35 @@ def test_a_read_after_a_long_history_returns_the_window_exactly() -> None:
     cols = series.read(Query("g", start=T0 + 30 * 5750, end=T0 + 30 * 5759))
     assert len(cols.keys) == 50 and len(cols.values) == 500
     assert set(cols.values.tolist()) == set(map(float, range(5750, 5760)))
+
+
+def test_a_held_window_answers_as_the_database_span_by_span(sql_store: Store) -> None:
+    # Spans of 30 minutes, read in no particular order: later spans merge into a name's block
+    # before and after the ones it holds.
+    _fill(sql_store, _generate(6))
+    held = HeldWindow(sql_store.read, span_s=1800)
+    for lo, hi in [(3600, 7200), (18, 18), (31.5, 5000.25), (0, 3 * 3600 + 60)]:
+        start, end = T0 + lo, T0 + hi
+        for q in (Query("gpu_util", start=start, end=end),
+                  Query(names={"gpu_util", "req_total", "queue"}, start=start, end=end),
+                  *(Query(names={"gpu_util", "queue"}, start=start, end=end, step=step,
+                          agg=agg) for step in (15, 60, 7.5, 123.457) for agg in AGGS)):
+            got, want = held.read(q), sql_store.read(q)
+            assert got is not None, q
+            assert [(d.key, d.ts) for d in got.series()] == [
+                (d.key, d.ts) for d in want.series()], q
+            assert got.values.tolist() == pytest.approx(want.values.tolist(), rel=1e-12,
+                                                        nan_ok=True)
+        q = Query("req_total", start=start, end=end)
+        inc = held.increase(q)
+        assert inc is not None
+        want_inc = sql_store.increase(q)
+        assert [k for k, _, _, _ in inc] == [k for k, _ in want_inc]
+        assert [i for _, i, _, _ in inc] == pytest.approx([i for _, i in want_inc])
+    assert held.names["gpu_util"] == set(range(round(T0 * 1000) // 1_800_000,
+                                               round((T0 + 3 * 3600 + 60) * 1000) // 1_800_000
+                                               + 1))
+    # Steps the database may answer from rollups, and bounded reads, are left to it.
+    assert held.read(Query("gpu_util", start=T0, end=T0 + 600, step=300, agg="avg")) is None
+    assert held.read(Query("gpu_util", start=T0, end=T0 + 600, max_samples=10**6)) is None
+    assert held.read(Query(start=T0, end=T0 + 600)) is None
