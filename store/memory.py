@@ -56,13 +56,12 @@ class _Block:
     """Samples of one metric name: a row per timestamp (in time order), a column per series,
     NaN where a series has no sample (NaN is never stored: the store leaves it out)."""
 
-    __slots__ = ("cols", "n", "number", "slot_of", "sids", "ts", "values")
+    __slots__ = ("cols", "n", "number", "slot_of", "ts", "values")
 
     def __init__(self, number: int) -> None:
         self.number = number
         self.ts = np.empty(_ROWS, np.int64)
         self.values = np.full((_ROWS, _COLS), np.nan)
-        self.sids = np.empty(_COLS, np.int64)
         self.slot_of: dict[int, int] = {}
         self.n = 0  # rows in use
         self.cols = 0  # columns in use
@@ -75,8 +74,6 @@ class _Block:
                 wider = np.full((self.values.shape[0], 2 * col), np.nan)
                 wider[:, :col] = self.values
                 self.values = wider
-                self.sids = np.concatenate([self.sids, np.empty(col, np.int64)])
-            self.sids[col] = sid
             self.cols += 1
         return col
 

@@ -168,7 +168,7 @@ def test_series_pages_equal_the_sqlite_store(store: Store, sql_store: Store) -> 
     _fill(sql_store, writes)
 
     def where(target: str, name: str, labels: Labels) -> bool:
-        return name != "gpu_util" or target == "b"
+        return name != "gpu_util" or (target == "b" and labels != ())
     for q in (Query(where=where), Query(target="a"), Query(start=T0 + 750, end=T0 + 760),
               Query(start=T0 + 50_000, end=T0 + 60_000), Query("queue", start=T0 + 600,
                                                              end=T0 + 9000)):
