@@ -108,13 +108,16 @@ def measure_jobs(jobs: int, scrapes: int, tmp: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def measure_backtest(scrapes: int, tmp: Path) -> dict[str, Any]:
+def measure_backtest(scrapes: int, tmp: Path) -> list[dict[str, Any]]:
     """``backtest`` over a SQLite store holding the small recording as ``serve`` would have
     stored it (flushed every 5 scrapes, maintained every 10: log moved into chunks, rollups,
-    compaction), evaluating every 30 s from its first scrape to its last."""
+    compaction), evaluating every 30 s from its first scrape to its last: reading every
+    window from the database at every step (``held=False``, the reference), then holding
+    what it reads in memory (``Store.held``, the default)."""
     rec = tmp / "backtest"
     write_recording(rec, scrapes, SHAPES["small"])
     recording = load_recording(rec)
+    rows = []
     with open_store(f"sqlite:///{tmp}/backtest.db") as store:
         store.migrations.apply()
         ingest = _Replayer(recording, store, target="t0", ttft_slo=None, itl_slo=None)
@@ -127,16 +130,24 @@ def measure_backtest(scrapes: int, tmp: Path) -> dict[str, Any]:
         store.flush()
         store.maintenance.rollup(recording.scrapes[-1].ts)
         rules = load_rules(None)
-        wall0, cpu0 = time.perf_counter(), _cpu()
-        outcome = backtest(store, rules, start=T0, end=T0 + (scrapes - 1) * SCRAPE_S,
-                           step=SCRAPE_S)
-        wall, cpu = time.perf_counter() - wall0, _cpu() - cpu0
-    scale = DAY_SCRAPES / scrapes
-    return {"recording": "small, backtest", "series": 116, "scrapes": scrapes,
-            "samples": 116 * scrapes, "alerts": len(outcome.alerts), "wall_s": round(wall, 2),
-            "cpu_s": round(cpu, 2), "wall_s_per_target_day": round(wall * scale, 1),
-            "cpu_s_per_target_day": round(cpu * scale, 1),
-            "samples_per_s": round(116 * scrapes / wall)}
+        outcomes = []
+        for held in (False, True):
+            wall0, cpu0 = time.perf_counter(), _cpu()
+            outcomes.append(backtest(store, rules, start=T0,
+                                     end=T0 + (scrapes - 1) * SCRAPE_S, step=SCRAPE_S,
+                                     held=held))
+            wall, cpu = time.perf_counter() - wall0, _cpu() - cpu0
+            scale = DAY_SCRAPES / scrapes
+            rows.append({
+                "recording": f"small, backtest{' (held)' if held else ' (database)'}",
+                "series": 116, "scrapes": scrapes, "samples": 116 * scrapes,
+                "alerts": len(outcomes[-1].alerts), "wall_s": round(wall, 2),
+                "cpu_s": round(cpu, 2), "wall_s_per_target_day": round(wall * scale, 1),
+                "cpu_s_per_target_day": round(cpu * scale, 1),
+                "samples_per_s": round(116 * scrapes / wall)})
+    if outcomes[0] != outcomes[1]:
+        raise AssertionError("backtest: held and database reads gave different alerts")
+    return rows
 
 
 def main() -> None:
@@ -156,7 +167,7 @@ def main() -> None:
             if args.only in (None, name):
                 rows.append(measure(name, scrapes, Path(t)))
         if args.backtest_scrapes:
-            rows.append(measure_backtest(args.backtest_scrapes, Path(t)))
+            rows += measure_backtest(args.backtest_scrapes, Path(t))
         if args.jobs:
             rows += measure_jobs(args.jobs, args.small_scrapes, Path(t))
     if args.json:

@@ -155,7 +155,9 @@ class MemorySeries:
                     block = blocks[b_]
                     block.values[block.row(ts_ms), c_] = v_
                 return
-            # One assignment per run of a name (a scrape lists a family's samples together).
+            # One assignment per name (no series is twice: any order will do).
+            order = np.argsort(blk, kind="stable")
+            blk, col, values = blk[order], col[order], values[order]
             cuts = (np.flatnonzero(blk[1:] != blk[:-1]) + 1).tolist()
             for a, b in zip([0, *cuts], [*cuts, len(blk)], strict=True):
                 block = blocks[int(blk[a])]

@@ -13,14 +13,18 @@ A **recording** (written by ``tritonwatch record``, or by hand) is a directory h
 
 ``replay`` runs the live pipeline over it in simulated time, as fast as it can: parse →
 derive (one ``Deriver`` per recording, so rates come from consecutive scrapes exactly as live)
-→ a throwaway SQLite store (no journal, no fsync: it is deleted at the end, so nothing in it
-has to survive a crash) → ``Engine.evaluate`` at every scrape time (or every
+→ a throwaway store (SQLite without journal or fsync for its relational state, the time
+series in this process's memory, ``store.memory``: it is deleted at the end, so nothing in it
+has to survive a crash, and a read costs what its window holds, not a statement and a
+decode of the stored history) → ``Engine.evaluate`` at every scrape time (or every
 ``eval_interval`` of simulated time); probe lines stamped after the last scrape are evaluated
 at their own times after it, so none is left out.  Probe lines become the series
 ``collector/probes/sink.py`` writes (``probe:ttft_seconds``, ``probe:slo_good``/
 ``probe:slo_total``, ...; one run per ``(ts, model)``) plus ``probe_results`` rows.
 
-``backtest`` evaluates the rules over a store's history instead, without writing alert state.
+``backtest`` evaluates the rules over a store's history instead, without writing alert state;
+what the rules read is read from the store once per name and 6-hour span and held in memory
+(``Store.held``), so a step costs what the replay's does.
 
 Both answer the alerts that would have fired: ``alertname``, ``labels``, ``fired_at`` and
 ``resolved_at`` (None while still firing at the end), in unix seconds.
