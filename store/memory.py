@@ -10,9 +10,9 @@ SQL ``Reader`` over raw samples (``tests/store/test_memory.py`` holds them equal
   name, as the SQL store's JSON keeps them); of two samples of a series at one millisecond
   the one written last is kept;
 - raw reads take ``lo <= ts <= hi``; buckets are epoch-aligned ``step`` buckets of the raw
-  samples in the window, stamped with their start, computed by ``query.aggregate`` as the SQL
-  store computes them (``+inf`` and ``-inf`` in one bucket sum to NaN, as there); there are
-  no rollups here, so a bucket never holds data from before ``start``;
+  samples in the window, stamped with their start, with ``query.aggregate``'s arithmetic
+  (``+inf`` and ``-inf`` in one bucket sum to NaN, as there); there are no rollups here, so
+  a bucket never holds data from before ``start``;
 - increase and rate: reset-aware, without extrapolation, over the samples in the window
   (``query.increase``'s arithmetic).
 
@@ -183,9 +183,9 @@ class MemorySeries:
                 at = np.concatenate([np.arange(cols.bounds[i], cols.bounds[i + 1])
                                      for i in series])
                 stamps = np.unique(ts_ms[at])
-                col = np.fromiter((self._col_of[self._spell(*cols.keys[i])] for i in series),
-                                  np.int64, len(series))
-                block = self._blocks[name]  # _spell made it, and its columns
+                col = np.fromiter((self._place(cols.keys[i])[1] for i in series), np.int64,
+                                  len(series))
+                block = self._blocks[name]  # _place made it, and its columns
                 n = block.n
                 if np.isin(stamps, block.ts[:n]).any():
                     raise ValueError(f"load: {name!r} holds samples at these times already")
@@ -201,7 +201,15 @@ class MemorySeries:
         """A new spelling of a series (its labels as written): its number, the series (and
         its block's column) created if it is new too."""
         # As the SQL store keeps them: sorted, one value per label name (the last given).
-        key = SeriesKey(target, name, make_labels(dict(labels)))
+        block, col = self._place(SeriesKey(target, name, make_labels(dict(labels))))
+        self._block_of.append(block.number)
+        self._col_of.append(col)
+        self._where = None
+        return len(self._block_of) - 1
+
+    def _place(self, key: SeriesKey) -> tuple[_Block, int]:
+        """The block and column of series ``key`` (canonical), made if it is new."""
+        name = key.name
         sid = self._ids.get(key)
         if sid is None:
             sid = self._ids[key] = len(self._keys)
@@ -213,10 +221,7 @@ class MemorySeries:
         if block is None:
             block = self._blocks[name] = _Block(len(self._block_list))
             self._block_list.append(block)
-        self._block_of.append(block.number)
-        self._col_of.append(block.slot(sid))
-        self._where = None
-        return len(self._block_of) - 1
+        return block, block.slot(sid)
 
     def close(self) -> None:
         """Nothing to release: the samples go with this object."""
