@@ -1,7 +1,7 @@
 """How fast ``tritonwatch replay`` and ``backtest`` run the built-in rules over history.
 
     .venv/bin/python -m bench.replay [--small-scrapes 2880] [--large-scrapes 120]
-        [--only small|large] [--jobs N] [--backtest-scrapes N] [--json]
+        [--only small|large] [--reference] [--jobs N] [--backtest-scrapes N] [--json]
 
 Two recordings in the ``tritonwatch record`` format (``<unix-seconds>.prom`` every 30 s),
 written from :func:`tests.payloads.triton_payload` (counters advancing scrape by scrape,
@@ -15,7 +15,9 @@ Triton's stable order):
 Each is replayed once through :func:`tritonwatch.replay.replay` with the built-in rules,
 evaluating at every scrape.  Printed per recording: scrapes, raw samples, wall and CPU
 seconds (this process and its children), the same scaled to one target-day (2,880 scrapes
-at 30 s), and replayed raw samples per second of wall time.  ``--backtest-scrapes N``: the
+at 30 s), and replayed raw samples per second of wall time.  ``--reference``: each is first
+replayed the old way too (time series in the scratch SQLite store), checked to give the same
+alerts.  ``--backtest-scrapes N``: the
 small recording stored in a SQLite store as ``serve`` keeps it (flushed, maintained), then
 ``backtest`` over it every 30 s, reading the database at every step (``held=False``, the
 reference) and holding what it reads in memory (the default), checked to give the same
@@ -88,22 +90,31 @@ def _cpu() -> float:
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-def measure(name: str, scrapes: int, tmp: Path) -> dict[str, Any]:
+def measure(name: str, scrapes: int, tmp: Path, *, reference: bool = False
+            ) -> list[dict[str, Any]]:
+    """Replay recording ``name``; with ``reference``, first with the time series in the
+    scratch SQLite store (``memory=False``, how replay ran before ``store.memory``), checked
+    to give the same alerts."""
     rec = tmp / name
     series = write_recording(rec, scrapes, SHAPES[name])
     rules = load_rules(None)
-    wall0, cpu0 = time.perf_counter(), _cpu()
-    outcome = replay(rec, rules)
-    wall, cpu = time.perf_counter() - wall0, _cpu() - cpu0
-    scale = DAY_SCRAPES / scrapes
-    return {
-        "recording": name, "series": series, "scrapes": scrapes,
-        "samples": series * scrapes, "alerts": len(outcome.alerts),
-        "wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
-        "wall_s_per_target_day": round(wall * scale, 1),
-        "cpu_s_per_target_day": round(cpu * scale, 1),
-        "samples_per_s": round(series * scrapes / wall),
-    }
+    rows, outcomes = [], []
+    for memory in (False, True) if reference else (True,):
+        wall0, cpu0 = time.perf_counter(), _cpu()
+        outcomes.append(replay(rec, rules, memory=memory))
+        wall, cpu = time.perf_counter() - wall0, _cpu() - cpu0
+        scale = DAY_SCRAPES / scrapes
+        rows.append({
+            "recording": name if memory else f"{name} (SQLite scratch)", "series": series,
+            "scrapes": scrapes, "samples": series * scrapes,
+            "alerts": len(outcomes[-1].alerts), "wall_s": round(wall, 2),
+            "cpu_s": round(cpu, 2), "wall_s_per_target_day": round(wall * scale, 1),
+            "cpu_s_per_target_day": round(cpu * scale, 1),
+            "samples_per_s": round(series * scrapes / wall),
+        })
+    if outcomes[0] != outcomes[-1]:
+        raise AssertionError(f"replay of {name}: memory and SQLite gave different alerts")
+    return rows
 
 
 def measure_jobs(jobs: int, scrapes: int, tmp: Path) -> list[dict[str, Any]]:
@@ -177,6 +188,8 @@ def main() -> None:
     ap.add_argument("--small-scrapes", type=int, default=DAY_SCRAPES)
     ap.add_argument("--large-scrapes", type=int, default=120)
     ap.add_argument("--only", choices=sorted(SHAPES), help="one recording only")
+    ap.add_argument("--reference", action="store_true",
+                    help="also replay each recording the old way (SQLite scratch store)")
     ap.add_argument("--jobs", type=int, default=0,
                     help="also replay this many small recordings with --jobs 1 and --jobs N")
     ap.add_argument("--backtest-scrapes", type=int, default=0,
@@ -187,7 +200,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-replay-", dir=os.environ.get("TMPDIR")) as t:
         for name, scrapes in (("small", args.small_scrapes), ("large", args.large_scrapes)):
             if args.only in (None, name):
-                rows.append(measure(name, scrapes, Path(t)))
+                rows += measure(name, scrapes, Path(t), reference=args.reference)
         if args.backtest_scrapes:
             rows += measure_backtest(args.backtest_scrapes, Path(t))
         if args.jobs:
