@@ -16,15 +16,16 @@ SQL ``Reader`` over raw samples (``tests/store/test_memory.py`` holds them equal
 - increase and rate: reset-aware, without extrapolation, over the samples in the window
   (``query.increase``'s arithmetic).
 
-Layout: per metric name, one block of a row per timestamp and a column per series (NaN where
-a series has no sample: the store never stores NaN), rows in time order as scrapes arrive.  A
-read of a name over a window is two binary searches and a slice of its columns, already in
-the (series, time) order the answer wants: it costs what the window holds, not what the store
-holds, and no SQL statement is built or parsed on the way.
+Layout: per target and metric name, one block of a row per timestamp and a column per series
+(NaN where a series has no sample: the store never stores NaN), rows in time order as scrapes
+arrive (a target's series of a name share its scrapes' timestamps).  A read of a name over a
+window is two binary searches and a slice of its columns per target, already in the (series,
+time) order the answer wants: it costs what the window holds, not what the store holds, and
+no SQL statement is built or parsed on the way.
 
-Nothing is durable and nothing is dropped: memory is 8 bytes per timestamp per series a name
-ever had (a day of a 3,000-series target at 30 s is about 70 MB; series that come and go
-leave NaN holes), which is what a replay of a recording asks for.  Thread-safe.
+Nothing is durable and nothing is dropped: memory is 8 bytes per timestamp per series a
+target's name ever had (a day of a 3,000-series target at 30 s is about 70 MB; series that
+come and go leave NaN holes), which is what a replay of a recording asks for.  Thread-safe.
 """
 
 from __future__ import annotations
@@ -119,7 +120,10 @@ class MemorySeries:
         #: canonical key -> series number, and back.
         self._ids: dict[SeriesKey, int] = {}
         self._keys: list[SeriesKey] = []
-        self._blocks: dict[str, _Block] = {}
+        #: ``(target, name)`` -> its block: a target's series of a name share the timestamps
+        #: of its scrapes; another target's do not (a block per name would be a row per
+        #: timestamp of every target, nearly all NaN).
+        self._blocks: dict[tuple[str, str], _Block] = {}
         self._block_list: list[_Block] = []  # by block number
         self._names: dict[str, list[int]] = {}  # name -> its series numbers
         #: ``find`` answers by selection, forgotten whenever a series is created.
@@ -167,28 +171,44 @@ class MemorySeries:
     def send_now(self) -> None:
         """Every sample is readable as soon as it is written."""
 
-    def load(self, cols: SeriesColumns) -> None:
+    def load(self, cols: SeriesColumns, *, max_cells: int | None = None) -> int:
         """Hold ``cols`` (raw samples, canonical keys, no two at one millisecond: a store's
-        answer) at timestamps this object holds nothing at for their names (a span of time
-        it does not hold yet): one assignment per name."""
+        answer) at timestamps this object holds nothing at for their target and name (a span
+        of time it does not hold yet): one assignment per block.  Returns the values it
+        allocated (a row per timestamp, a column per series of the block); LimitExceeded,
+        holding nothing of ``cols``, when that would be more than ``max_cells``."""
         if not cols.keys:
-            return
+            return 0
         ts_ms = np.rint(cols.ts * 1000).astype(np.int64)
         sizes = np.diff(cols.bounds)
-        by_name: dict[str, list[int]] = {}
+        by_block: dict[tuple[str, str], list[int]] = {}
         for i, key in enumerate(cols.keys):
-            by_name.setdefault(key.name, []).append(i)
+            by_block.setdefault(key[:2], []).append(i)
         with self._lock:
-            for name, series in by_name.items():
+            plans = []
+            cells = 0
+            for where, series in by_block.items():
                 at = np.concatenate([np.arange(cols.bounds[i], cols.bounds[i + 1])
                                      for i in series])
                 stamps = np.unique(ts_ms[at])
+                block = self._blocks.get(where)
+                held, old = (0, 0) if block is None else (block.n, block.cols)
+                slot_of = {} if block is None else block.slot_of
+                width = old + sum(1 for i in series
+                                  if self._ids.get(cols.keys[i]) not in slot_of)
+                cells += (held + len(stamps)) * width - held * old
+                plans.append((series, at, stamps))
+            if max_cells is not None and cells > max_cells:
+                raise LimitExceeded(f"holding these samples would take more than "
+                                    f"{max_cells:,} values", what="samples", limit=max_cells)
+            for series, at, stamps in plans:
                 col = np.fromiter((self._place(cols.keys[i])[1] for i in series), np.int64,
                                   len(series))
-                block = self._blocks[name]  # _place made it, and its columns
+                block = self._blocks[cols.keys[series[0]][:2]]  # _place made it
                 n = block.n
                 if np.isin(stamps, block.ts[:n]).any():
-                    raise ValueError(f"load: {name!r} holds samples at these times already")
+                    raise ValueError(f"load: {cols.keys[series[0]][:2]!r} holds samples at "
+                                     "these times already")
                 grid = np.full((n + len(stamps), max(block.cols, 1)), np.nan)
                 grid[:n] = block.values[:n, :grid.shape[1]]
                 grid[n + np.searchsorted(stamps, ts_ms[at]), np.repeat(col, sizes[series])] = \
@@ -196,6 +216,7 @@ class MemorySeries:
                 every = np.concatenate([block.ts[:n], stamps])
                 order = np.argsort(every, kind="stable")
                 block.ts, block.values, block.n = every[order], grid[order], len(every)
+        return cells
 
     def _spell(self, target: str, name: str, labels: Labels) -> int:
         """A new spelling of a series (its labels as written): its number, the series (and
@@ -217,9 +238,9 @@ class MemorySeries:
             self._names.setdefault(name, []).append(sid)
             self._memo.clear()
             self._layouts.clear()
-        block = self._blocks.get(name)
+        block = self._blocks.get(key[:2])
         if block is None:
-            block = self._blocks[name] = _Block(len(self._block_list))
+            block = self._blocks[key[:2]] = _Block(len(self._block_list))
             self._block_list.append(block)
         return block, block.slot(sid)
 
@@ -293,12 +314,12 @@ class MemorySeries:
         known = self._layouts.get(id(found))
         if known is not None and known[0] is found:
             return known[1]
-        by_name: dict[str, list[tuple[int, int]]] = {}  # name -> (rank, sid), rank order
+        by_block: dict[tuple[str, str], list[tuple[int, int]]] = {}  # (rank, sid), rank order
         for rank, (sid, key) in enumerate(found):
-            by_name.setdefault(key.name, []).append((rank, sid))
+            by_block.setdefault(key[:2], []).append((rank, sid))
         layout = []
-        for name, wanted in by_name.items():
-            block = self._blocks[name]
+        for where, wanted in by_block.items():
+            block = self._blocks[where]
             layout.append((block, np.fromiter((r for r, _ in wanted), np.int64, len(wanted)),
                            np.fromiter((block.slot_of[sid] for _, sid in wanted), np.int64,
                                        len(wanted))))
@@ -451,7 +472,7 @@ def _assemble(found: Sequence[tuple[int, SeriesKey]], pieces: list[_Piece]) -> S
     return SeriesColumns([found[r][1] for r in ranks.tolist()], bounds, ts, values)
 
 
-#: What :class:`HeldWindow` holds at most (samples, 8 bytes each and more).
+#: What :class:`HeldWindow` holds at most (values, 8 bytes each).
 HELD_SAMPLES = 20_000_000
 #: :class:`HeldWindow` reads a name's samples from the database in epoch-aligned spans of
 #: this many seconds: the windows of a backtest's next steps are mostly in the span already.
@@ -483,7 +504,8 @@ class HeldWindow:
         self._lock = threading.Lock()
         #: Per name read: the spans held (their numbers), or None: left to the database.
         self.names: dict[str, set[int] | None] = {}
-        #: Samples held.
+        #: Values held: each block's rows times its columns (the samples, and the holes where
+        #: a series of the block has none at a timestamp), what ``max_samples`` bounds.
         self.samples = 0
 
     def read(self, q: Query) -> SeriesColumns | None:
@@ -519,13 +541,13 @@ class HeldWindow:
 
     def _fetch(self, name: str, spans: set[int], span: int) -> set[int] | None:
         lo = span * self._span
+        left = self._max - self.samples
         try:
             cols = self._load(Query(name, start=lo / 1000, end=(lo + self._span - 1) / 1000,
-                                    max_samples=self._max - self.samples))
+                                    max_samples=left))
+            self.samples += self._series.load(cols, max_cells=left)
         except LimitExceeded:
             self.names[name] = None
             return None
-        self._series.load(cols)
-        self.samples += len(cols.values)
         spans.add(span)
         return spans

@@ -97,3 +97,22 @@ def test_held_reads_come_from_memory_inside_the_window_only(tmp_path: Path) -> N
         with store.held(max_samples=10) as window:
             assert 1000.0 in store.read(inside).values
             assert window is not None and window.names == {"g": None}
+
+
+def test_held_fleet_with_unaligned_scrapes_holds_its_samples_not_a_grid_of_them(
+        tmp_path: Path) -> None:
+    # 20 targets scraped a few ms apart: one block per target and name, so what is held is
+    # the samples, not (every target's timestamps) x (every target's series).
+    with open_store(f"sqlite:///{tmp_path}/s.db") as store:
+        store.migrations.apply()
+        for i in range(30):
+            for t in range(20):
+                store.write(f"t{t}", T0 + 15 * i + t / 1000,
+                            [Sample("g", make_labels({"gpu": "0"}), float(i))])
+        store.flush()
+        q = Query("g", start=T0, end=T0 + 600)
+        want = store.read(q)
+        with store.held() as window:
+            got = store.read(q)
+            assert window is not None and window.samples == 600
+        assert got.series() == want.series() and len(got.keys) == 20
