@@ -36,6 +36,9 @@ small replay, wall s                  633.3 (load 4-9)            14.0 (load 2.8
 large replay (120 scrapes), CPU s     5.23                        2.28 - 2.42
 large replay, samples/s (wall)        45,004 (load 4-9)           100,493 (load 2.8),
                                                                   175,088 alone (load 3.4)
+large, 1,440 scrapes, CPU s           -                           64.0 (130,000 samples per
+                                                                  CPU-second: flat, not
+                                                                  growing with history)
 small backtest, CPU s                 87.8 (reads the database)   14.8 (held), same alerts
 ====================================  ==========================  ==========================
 
