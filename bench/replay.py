@@ -29,18 +29,22 @@ large one.  Measured here on 2 cores shared with other work (CPU seconds are the
 compare; wall time is what the other processes left):
 
 ====================================  ==========================  ==========================
-per target-day                        before (SQLite scratch)     after (``store.memory``)
+per target-day (2,880 scrapes)        before (SQLite scratch)     after (``store.memory``)
 ====================================  ==========================  ==========================
 small replay, CPU s                   207.8                       10.3 - 11.5
-small replay, wall s                  633.3 (load 4-9)            14.0 (load 2.8), 25.8 (8)
-large replay (120 scrapes), CPU s     5.23                        2.28 - 2.42
-large replay, samples/s (wall)        45,004 (load 4-9)           100,493 (load 2.8),
-                                                                  175,088 alone (load 3.4)
+small replay, wall s                  633.3 (load 4-9)            14.0 (load 2.8),
+                                                                  18.3 (load 4-5)
+large replay (120 scrapes), CPU s     125.6                       48.5 - 58.1
+large replay, samples/s (wall)        45,004 (load 4-9)           94,665 (load 4-5),
+                                                                  100,493 (load 2.8)
 large, 1,440 scrapes, CPU s           -                           64.0 (130,000 samples per
                                                                   CPU-second: flat, not
                                                                   growing with history)
 small backtest, CPU s                 87.8 (reads the database)   14.8 (held), same alerts
 ====================================  ==========================  ==========================
+
+Side by side in one run (``--reference --small-scrapes 720``, load 8-9), CPU s per
+target-day: small 101.1 before, 11.9 after; large 172.9 before, 61.7 after; same alerts.
 
 ``--jobs 2`` over two small target-days: 41.0 s wall and 23.5 CPU s, against 33.0 and 19.8
 with ``--jobs 1`` (load 4-5: the other work on the 2 cores left about one core to share, two
