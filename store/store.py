@@ -29,8 +29,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Container, Iterable, Mapping
-from contextlib import AbstractContextManager
+from collections.abc import Container, Iterable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
 from operator import itemgetter
 from typing import Any, NamedTuple, Protocol
 
@@ -54,9 +54,9 @@ from tritonwatch.store.engine import (
 from tritonwatch.store.errors import StoreError, db_errors
 from tritonwatch.store.flush import BufferedScrape, SampleWriter, SeriesRefused
 from tritonwatch.store.jobs import Maintenance
+from tritonwatch.store.memory import HELD_SAMPLES, HeldWindow
 from tritonwatch.store.migrate import Migrations
 from tritonwatch.store.reads import Query, Reader
-from tritonwatch.store.tsdb import TsdbReader
 from tritonwatch.store.values import SeriesColumns, SeriesKey
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ _VALUE = itemgetter(2)
 def open_store(
     url: str, *, batch_rows: int = 50_000, timeout_s: float = 10.0,
     statement_timeout_s: float = DEFAULT_STATEMENT_TIMEOUT_S, read_only: bool = False,
-    scratch: bool = False, timeseries: TsdbReader | None = None,
+    scratch: bool = False, timeseries: TimeSeries | None = None,
     sink: SampleSink | None = None,
 ) -> Store:
     """Open the store at ``url``: ``sqlite:///path.db`` or ``postgresql://user:pw@host/db``.
@@ -84,13 +84,31 @@ def open_store(
     ``statement_timeout`` (``store.engine`` explains how a server that stops answering is
     caught).  ``read_only``: the database refuses every write (the dashboard).  ``scratch``:
     a throwaway SQLite file with no journal and no fsync (``replay``; lost on a crash).
-    ``timeseries`` and ``sink``: time series live on a TSDB (``store.tsdb``), samples go to
-    ``sink`` and reads to ``timeseries``; the database keeps the relational state only.
+    ``timeseries`` and ``sink``: time series live on a TSDB (``store.tsdb``) or in memory
+    (``store.memory``, replay's scratch store), samples go to ``sink`` and reads to
+    ``timeseries``; the database keeps the relational state only.
     Raises ValueError for an unsupported URL.
     """
     return Store(url, batch_rows=batch_rows, timeout_s=timeout_s,
                  statement_timeout_s=statement_timeout_s, read_only=read_only,
                  scratch=scratch, timeseries=timeseries, sink=sink)
+
+
+class TimeSeries(Protocol):
+    """Where a store with its time series elsewhere reads them: a TSDB
+    (``store.tsdb.TsdbReader``) or this process's memory (``store.memory.MemorySeries``),
+    answering as the SQL ``Reader`` does."""
+
+    def find(self, q: Query, *, window: tuple[int, int] | None = None) -> list[SeriesKey]: ...
+
+    def read(self, q: Query) -> SeriesColumns: ...
+
+    def increase(self, q: Query) -> list[tuple[SeriesKey, float, int, int]]: ...
+
+    def series_page(self, q: Query, *, after: SeriesKey | None,
+                    limit: int | None) -> list[SeriesKey]: ...
+
+    def close(self) -> None: ...
 
 
 class SampleSink(Protocol):
@@ -143,7 +161,7 @@ class Store:
         self, url: str, *, batch_rows: int = 50_000, timeout_s: float = 10.0,
         statement_timeout_s: float = DEFAULT_STATEMENT_TIMEOUT_S,
         read_only: bool = False, scratch: bool = False,
-        timeseries: TsdbReader | None = None, sink: SampleSink | None = None,
+        timeseries: TimeSeries | None = None, sink: SampleSink | None = None,
     ) -> None:
         if batch_rows < 1:
             raise ValueError(f"batch_rows must be at least 1, got {batch_rows!r}")
@@ -175,10 +193,16 @@ class Store:
         self._closed = False
         self._health_up: records.HealthUp | None = None  # stored up, per (target, source)
         self._reader = Reader(scratch=scratch)
+        #: A scratch store's latest health by ``(after, limit)``: it has one writer, its own,
+        #: so an answer holds until its next health write (replay reads it every evaluation).
+        self._health_memo: dict[tuple[Any, ...], list[TargetHealth]] | None = (
+            {} if scratch else None)
+        self._health_gen = 0
         #: With a TSDB, samples go to ``_sink`` and time-series reads to ``_tsdb``; rollups,
         #: compaction and retention of samples are then the TSDB's (the SQL tables stay empty).
         self._tsdb = timeseries
         self._sink = sink
+        self._held: HeldWindow | None = None  # within ``held()``
         self._writer = SampleWriter(self._engine, self._reader)
         #: Creates the schema and upgrades an older one (``store.migrate``).
         self.migrations = Migrations(self._engine, self.url_redacted)
@@ -413,6 +437,9 @@ class Store:
             with self._db("write health"), transaction(self._engine, write=True) as conn:
                 known = records.write_health(conn, pending, self._health_up)
         self._health_up = known
+        self._health_gen += 1
+        if self._health_memo is not None:
+            self._health_memo.clear()
         return len(pending)
 
     def _flush_probes_locked(self) -> int:
@@ -434,7 +461,19 @@ class Store:
     ) -> list[TargetHealth]:
         """The latest outcome of every (target, source), sorted; only of ``targets`` if given,
         at most ``limit`` of them after the (target, source) ``after`` (one page)."""
-        return self._read_health(records.health_stmt(after), targets=targets, limit=limit)
+        memo = self._health_memo if targets is None else None
+        if memo is None:
+            return self._read_health(records.health_stmt(after), targets=targets, limit=limit)
+        with self._flush_lock:
+            self._flush_health_locked()
+            gen = self._health_gen
+            got = memo.get((after, limit))
+        if got is None:
+            got = self._read_health(records.health_stmt(after), limit=limit)
+            with self._flush_lock:
+                if gen == self._health_gen:  # no health written meanwhile
+                    memo[(after, limit)] = got
+        return list(got)
 
     def health_log(
         self, target: str | None = None, *, since: float | None = None
@@ -486,6 +525,14 @@ class Store:
         without samples in the window are left out."""
         if self._tsdb is not None:
             return self._tsdb.read(q)
+        held = self._held
+        if held is not None:
+            got = held.read(q)
+            if got is not None:
+                return got
+        return self._read_sql(q)
+
+    def _read_sql(self, q: Query) -> SeriesColumns:
         with self._db("query buckets" if q.step is not None else "query range"), \
                 transaction(self._engine, write=False) as conn:
             return self._reader.read(conn, q)
@@ -510,8 +557,31 @@ class Store:
     def _increase(self, q: Query) -> list[tuple[SeriesKey, float, int, int]]:
         if self._tsdb is not None:
             return self._tsdb.increase(q)
+        held = self._held
+        if held is not None:
+            got = held.increase(q)
+            if got is not None:
+                return got
         with self._db("query increase"), transaction(self._engine, write=False) as conn:
             return self._reader.increase(conn, q)
+
+    @contextmanager
+    def held(self, *, max_samples: int = HELD_SAMPLES) -> Iterator[HeldWindow | None]:
+        """Within it, time-series reads are answered from memory: each metric name's raw
+        samples are read once per 6-hour span a read touches, up to ``max_samples`` in all
+        (``store.memory.HeldWindow`` says which reads, with the same answers).  For reads of
+        history that repeat (``backtest``), not for data still being written: samples flushed
+        after their span was read are not seen until the end of the block.  A TSDB store
+        answers as it does without it (None)."""
+        if self._tsdb is not None:
+            yield None
+            return
+        window = HeldWindow(self._read_sql, max_samples=max_samples)
+        self._held = window
+        try:
+            yield window
+        finally:
+            self._held = None
 
     def series(self, q: Query | None = None) -> list[SeriesKey]:
         """The series ``q`` selects (all without it), sorted by key; its window is ignored."""
