@@ -139,7 +139,9 @@ def codecs() -> dict[str, tuple[Callable[[np.ndarray, np.ndarray], bytes],
     def raw_dec(b: bytes, n: int) -> tuple[np.ndarray, np.ndarray]:
         return ck.columns(np.array([n], np.int64), [b])
 
-    out = {"raw (schema 3)": (raw_enc, raw_dec)}
+    out: dict[str, tuple[Callable[[np.ndarray, np.ndarray], bytes],
+                         Callable[[bytes, int], tuple[np.ndarray, np.ndarray]]]] = {
+        "raw (schema 3)": (raw_enc, raw_dec)}
     if zstandard is not None:
         out["dod+xor, shuffle, zstd-3"] = (zstd_enc, zstd_dec)
     if numcodecs is not None:

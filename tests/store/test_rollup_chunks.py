@@ -23,7 +23,7 @@ from tritonwatch.store import Query, Store, open_store
 from tritonwatch.store import rollup_chunks as rc
 from tritonwatch.store.engine import transaction
 from tritonwatch.store.maintenance import get_meta, set_meta
-from tritonwatch.store.query import ROLLUP_1H_MS, ROLLUP_5M_MS
+from tritonwatch.store.query import ROLLUP_1H_MS, ROLLUP_5M_MS, Agg
 
 STALE_NAN = 0x7FF0000000000002  # Prometheus's staleness marker
 T = (int(time.time()) // 86_400 - 3) * 86_400  # a day boundary three days ago (s)
@@ -154,10 +154,8 @@ def test_a_day_of_5m_buckets_compresses_far_below_a_row_each() -> None:
 
 # --- the schema 4 -> 5 upgrade, through both backends ----------------------------------------
 
-_QUERIES = [
-    (step, agg) for step in (300, 3600, 86_400) for agg in ("avg", "min", "max", "sum",
-                                                             "count", "last")
-]
+_AGGS: tuple[Agg, ...] = ("avg", "min", "max", "sum", "count", "last")
+_QUERIES = [(step, agg) for step in (300, 3600, 86_400) for agg in _AGGS]
 
 
 def _answers(s: Store) -> list[tuple[str, tuple[float, ...], list[int]]]:
