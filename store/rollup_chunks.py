@@ -33,8 +33,11 @@ import numpy.typing as npt
 from tritonwatch.store.chunks import (
     FORMAT_PCO,
     I64,
+    MAX_CHUNK_BYTES,
     Encoded,
     _pco,
+    from_pieces,
+    pieces,
     run_bounds,
 )
 
@@ -98,35 +101,45 @@ def encode(rows: Rows, res: int) -> Encoded:
                    out.tobytes(), 8 * _K * starts, 8 * _K * counts)
 
 
-def compress(chunks: Encoded) -> Encoded:
-    """``chunks`` (raw, from :func:`encode`) compressed where that saves bytes."""
+def compress(chunks: Encoded, *, limit: int = MAX_CHUNK_BYTES) -> Encoded:
+    """``chunks`` (raw, from :func:`encode`) compressed where that saves bytes, one larger
+    than ``limit`` bytes cut into pieces (``store.chunks.pieces``, for the same reason)."""
     if not len(chunks):
         return chunks
     compressor, _, config = _pco()
     words = np.frombuffer(chunks.buf, _LE_I64)
+    ids: list[int] = []
+    starts: list[int] = []
+    ends: list[int] = []
+    ns: list[int] = []
     parts: list[bytes] = []
-    sizes = np.empty(len(chunks), np.int64)
-    for i, (at, n) in enumerate(zip((chunks.offsets // 8).tolist(), chunks.n.tolist(),
-                                    strict=True)):
-        cols: list[bytes] = []
-        for c in range(_K):
-            col = words[at + c * n : at + (c + 1) * n]
-            cc = compressor.chunk_compressor(col if c in _INT_COLUMNS else col.view(_LE_F64),
-                                             config)
-            cols.append(cc.write_meta() + b"".join(
-                cc.write_page(k) for k in range(len(cc.n_per_page()))))
-        lens = [len(b) for b in cols]
-        blob = b""
-        if max(lens) < 1 << 16:
-            blob = bytes([FORMAT_PCO]) + np.array(lens, _LE_U16).tobytes() + b"".join(cols)
-        if not blob or len(blob) >= 8 * _K * n:
-            blob = chunks.buf[8 * at : 8 * (at + _K * n)]
-        parts.append(blob)
-        sizes[i] = len(blob)
-    offsets = np.zeros(len(chunks), np.int64)
-    np.cumsum(sizes[:-1], out=offsets[1:])
-    return Encoded(chunks.ids, chunks.start_ms, chunks.end_ms, chunks.n, b"".join(parts),
-                   offsets, sizes)
+    for sid, at, n in zip(chunks.ids.tolist(), (chunks.offsets // 8).tolist(),
+                          chunks.n.tolist(), strict=True):
+        cols = [words[at + c * n : at + (c + 1) * n] for c in range(_K)]
+
+        def packed(lo: int, hi: int, cols: list[npt.NDArray[np.int64]] = cols) -> bytes:
+            out: list[bytes] = []
+            for c, col in enumerate(cols):
+                part = col[lo:hi]
+                cc = compressor.chunk_compressor(
+                    part if c in _INT_COLUMNS else part.view(_LE_F64), config)
+                out.append(cc.write_meta() + b"".join(
+                    cc.write_page(k) for k in range(len(cc.n_per_page()))))
+            lens = [len(b) for b in out]
+            if max(lens) >= 1 << 16:
+                return raw(lo, hi) + b"\0"  # lengths a header cannot hold: raw wins
+            return bytes([FORMAT_PCO]) + np.array(lens, _LE_U16).tobytes() + b"".join(out)
+
+        def raw(lo: int, hi: int, cols: list[npt.NDArray[np.int64]] = cols) -> bytes:
+            return b"".join(col[lo:hi].astype(_LE_I64).tobytes() for col in cols)
+
+        for lo, hi, blob in pieces(n, packed, raw, limit=limit):
+            ids.append(sid)
+            starts.append(int(cols[0][lo]))
+            ends.append(int(cols[0][hi - 1]))
+            ns.append(hi - lo)
+            parts.append(blob)
+    return from_pieces(ids, starts, ends, ns, parts)
 
 
 def _column(blob: bytes, n: int, c: int) -> npt.NDArray[Any]:
