@@ -51,10 +51,12 @@ from tritonwatch.store.chunks import (
     I64_MAX,
     I64_MIN,
     MAX_SAMPLES,
+    SPAN_MS,
     WINDOW_MS,
     compress,
     encode,
     run_bounds,
+    span_start,
     window_start,
 )
 from tritonwatch.store.engine import transaction
@@ -365,9 +367,11 @@ def compact(
     Why nothing is lost.  Every transaction holds the rollup lock exclusively, and a flush
     holds it in shared mode from before it takes its ``seq`` until it commits (SQLite
     serialises writers anyway): so compaction sees every chunk whose ``seq`` is taken, and a
-    chunk written later has a higher ``seq`` than any it merged.  No chunk crosses a window,
-    so the merged chunks, which keep the highest ``seq`` they replaced, overlap no chunk that
-    compaction did not read: the last-write rule gives the same answer before and after, and
+    chunk written later has a higher ``seq`` than any it merged.  An hour's merge reads every
+    chunk lying within the hour, a span's merge (at its last hour) every chunk of the span,
+    and no chunk crosses a span, only span merges an hour: so the merged chunks, which keep
+    the highest ``seq`` they replaced, overlap no chunk that compaction did not read but span
+    chunks older than all it read: the last-write rule gives the same answer before and after, and
     samples flushed later into the window win over them as they did over what they replaced.
     Such late samples (older than the compaction watermark) also mark their window
     (:data:`COMPACT_REWIND`, see :func:`rewind_watermarks`) so that it is compacted again; a
@@ -415,8 +419,23 @@ def compact(
 
 
 def _compact_window(conn: Connection, ids: list[int], window: int) -> int:
+    # The hour's chunks that end in it; then, at a span's last hour, the whole span.  Chunks
+    # crossing an hour (a span's merged chunk) are left to the span merge: merged with an
+    # hour's, the result would take a seq above chunks of later hours it overlaps but did not
+    # read (``store.chunks``, "Windows").
     c = t.sample_chunks.c
-    where = [c.series_id.in_(ids), c.start_ms >= window, c.start_ms < window + WINDOW_MS]
+    removed = _merge_chunks(conn, ids, [c.start_ms >= window, c.end_ms < window + WINDOW_MS],
+                            window_ms=WINDOW_MS)
+    if (window + WINDOW_MS) % SPAN_MS == 0:
+        span = span_start(window)
+        removed += _merge_chunks(conn, ids, [c.start_ms >= span, c.start_ms < span + SPAN_MS],
+                                 window_ms=SPAN_MS)
+    return removed
+
+
+def _merge_chunks(conn: Connection, ids: list[int], within: list[Any], *, window_ms: int) -> int:
+    c = t.sample_chunks.c
+    where = [c.series_id.in_(ids), *within]
     not_full = func.sum(case((c.n < MAX_SAMPLES, 1), else_=0))
     # Raw chunks (the log's moves, or a schema 3 database's) are compressed even when alone;
     # the data's length tells them (``store.chunks``) without reading it.
@@ -435,7 +454,8 @@ def _compact_window(conn: Connection, ids: list[int], window: int) -> int:
         top_seq[sid] = max(seq, top_seq.get(sid, seq))
     m = merge_rows(rows, lo_ms=I64_MIN, hi_ms=I64_MAX)
     conn.execute(delete(t.sample_chunks).where(*where))
-    merged = compress(encode(m.ids, m.ts, m.values, max_samples=MAX_SAMPLES))
+    merged = compress(encode(m.ids, m.ts, m.values, max_samples=MAX_SAMPLES,
+                             window_ms=window_ms))
     insert_chunks(conn, merged, np.array([top_seq[s] for s in merged.ids.tolist()], np.int64))
     return len(rows) - len(merged)
 

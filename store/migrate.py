@@ -15,9 +15,11 @@ raw chunk in a window, re-encodes them window by window in its bounded, resumabl
 transactions.  The version bump keeps an older tritonwatch, which cannot read compressed
 chunks, off the upgraded database.
 
-Version 4 -> 5: rollups move from a row per series and bucket (``rollups_5m``, ``rollups_1h``)
-into compressed column chunks (``store.rollup_chunks``), a batch of whole series per
-transaction, resumable (:func:`rollup_rows_to_chunks`); the old tables are dropped once empty.
+Version 4 -> 5: compaction is rewound to the oldest chunk, as from version 3, so that it
+merges the stored hour chunks into 6 h spans (``store.chunks``); and rollups move from a row
+per series and bucket (``rollups_5m``, ``rollups_1h``) into compressed column chunks
+(``store.rollup_chunks``), a batch of whole series per transaction, resumable
+(:func:`rollup_rows_to_chunks`); the old tables are dropped once empty.
 """
 
 from __future__ import annotations
@@ -155,8 +157,8 @@ def recompress_chunks(conn: Connection) -> int | None:
     marked = get_meta(conn, COMPACT_REWIND)
     if marked is None or window < int(marked):
         set_meta(conn, COMPACT_REWIND, str(window))
-    log.info("store: schema upgrade: raw sample chunks from %d ms on will be compressed by "
-             "maintenance", window)
+    log.info("store: schema upgrade: sample chunks from %d ms on will be compacted again "
+             "(compressed, merged into spans) by maintenance", window)
     return window
 
 
@@ -204,8 +206,9 @@ class Migrations:
             if stored is not None and int(stored) < t.SCHEMA_VERSION:
                 with transaction(self._engine, write=True) as conn:
                     advisory_lock(conn, PG_LOCK_SCHEMA)
-                    if int(stored) < 4:
+                    if int(stored) < 5:
                         # Under the lock, with the bump: a second process upgrading at once
-                        # finds version 4 and marks nothing twice (harmless anyway).
+                        # finds version 5 and marks nothing twice (harmless anyway).  From
+                        # version 4, compaction merges the hour chunks into 6 h spans.
                         recompress_chunks(conn)
                     set_meta(conn, "schema_version", str(t.SCHEMA_VERSION))

@@ -25,7 +25,7 @@ from sqlalchemy import BigInteger, Connection, Table, cast, func, literal, selec
 from tritonwatch.schemas import tables as t
 from tritonwatch.schemas.samples import Labels, label_value, labels_json, make_labels
 from tritonwatch.store import rollup_chunks, samplelog
-from tritonwatch.store.chunks import Merged, decode, last_writes, merge, run_bounds, window_start
+from tritonwatch.store.chunks import Merged, decode, last_writes, merge, run_bounds, span_start
 from tritonwatch.store.errors import LimitExceeded
 from tritonwatch.store.values import SeriesColumns, SeriesKey
 
@@ -189,14 +189,14 @@ def raw_samples(conn: Connection, ids: Sequence[int], *, lo_ms: int, hi_ms: int)
     The log's chunks are read first, then the stored chunks in one statement (one snapshot even
     while compaction replaces them): a transposition committed in between moves log rows into
     chunks already read as log, which the merge then holds twice and keeps once, rather than
-    out of a log not yet read.  Bounded below by the window of ``lo_ms``: no chunk crosses a
-    window.
+    out of a log not yet read.  Bounded below by the span of ``lo_ms``: no chunk crosses a
+    span (``store.chunks``).
     """
     logged = samplelog.read(conn, ids, lo_ms=lo_ms, hi_ms=hi_ms)
     c = t.sample_chunks.c
     query = select(c.series_id, c.start_ms, c.seq, c.n, c.data).where(
         c.series_id.in_(ids),
-        c.start_ms >= window_start(lo_ms),
+        c.start_ms >= span_start(lo_ms),
         c.start_ms <= hi_ms,
         c.end_ms >= lo_ms,
     )
@@ -547,7 +547,7 @@ def count_rows(conn: Connection, table: Table, ids: list[int], *, lo_ms: int, hi
         c = table.c
         stmt = select(_total(c.n)).where(
             c.series_id.in_(ids),
-            c.start_ms >= window_start(lo_ms),
+            c.start_ms >= span_start(lo_ms),
             c.start_ms <= hi_ms,
             c.end_ms >= lo_ms,
         )
