@@ -275,7 +275,7 @@ def _insert_rollups(conn: Connection, dst: Table, rows: rc.Rows, res: int,
         return 0
     # Written compressed: a run's chunks of a series (an hour of 5 m buckets) are small, and
     # compaction merges them into the window's chunk anyway.
-    insert_chunks(conn, rc.compress(rc.encode(rows, res)), seq, table=dst.name)
+    insert_chunks(conn, rc.compress(rc.encode(rows, res), res), seq, table=dst.name)
     return len(rows)
 
 
@@ -488,7 +488,7 @@ def _compact_rollups(conn: Connection, ids: list[int], window: int) -> int:
                                 np.array(ns, np.int64), list(blobs), lo_ms=I64_MIN,
                                 hi_ms=I64_MAX)
         conn.execute(delete(table).where(*where))
-        merged = rc.compress(rc.encode(merged_rows, res))
+        merged = rc.compress(rc.encode(merged_rows, res), res)
         order = np.argsort(sid_a, kind="stable")
         firsts, _ = run_bounds(sid_a[order])
         top = np.maximum.reduceat(seq_a[order], firsts)

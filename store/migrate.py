@@ -136,7 +136,8 @@ def rollup_rows_to_chunks(engine: Engine, *, lock_key: int, batch_series: int = 
                 f64 = [np.array(c, np.float64) for c in cols[2:]]
                 found = rc.Rows(np.array(cols[0], np.int64), np.array(cols[1], np.int64),
                                 f64[0], f64[1], f64[2], np.array(cols[5], np.int64), f64[4])
-                insert_chunks(conn, rc.compress(rc.encode(found, res)), 0, table=table.name)
+                insert_chunks(conn, rc.compress(rc.encode(found, res), res), 0,
+                              table=table.name)
                 conn.execute(text(f"DELETE FROM {name} WHERE series_id BETWEEN :lo AND :hi"),
                              {"lo": ids[0], "hi": ids[-1]})
                 moved += len(rows)

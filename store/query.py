@@ -438,7 +438,7 @@ def read_rollups(
     table of resolution ``res``: one range scan per batch of ids, the last write of each
     bucket kept (``store.rollup_chunks``)."""
     c = table.c
-    rows = conn.execute(select(c.series_id, c.start_ms, c.seq, c.n, c.data).where(
+    rows = conn.execute(select(c.series_id, c.start_ms, c.seq, c.n, c.end_ms, c.data).where(
         c.series_id.in_(ids),
         c.start_ms >= rollup_chunks.window_start(lo_ms, res),
         c.start_ms <= hi_ms,
@@ -446,10 +446,11 @@ def read_rollups(
     )).all()
     if not rows:
         return rollup_chunks.empty()
-    sids, starts, seqs, ns, blobs = zip(*rows, strict=True)
+    sids, starts, seqs, ns, ends, blobs = zip(*rows, strict=True)
     return rollup_chunks.decode(
         np.array(sids, np.int64), np.array(seqs, np.int64), np.array(starts, np.int64),
         np.array(ns, np.int64), list(blobs), lo_ms=lo_ms, hi_ms=hi_ms, columns=columns,
+        ends=np.array(ends, np.int64), res=res,
     )
 
 

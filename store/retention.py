@@ -87,7 +87,7 @@ def _delete_rollups_before(
                                      np.array([start], np.int64), np.array([n], np.int64),
                                      [data], lo_ms=cutoff_ms, hi_ms=I64_MAX)
                     deleted += n - len(kept)
-                    insert_chunks(conn, rc.compress(rc.encode(kept, res)), seq,
+                    insert_chunks(conn, rc.compress(rc.encode(kept, res), res), seq,
                                   table=table.name)
             if len(rows) < _CUT_BATCH:
                 break

@@ -25,6 +25,7 @@ window's chunks into one, keeping the highest ``seq``.
 
 from __future__ import annotations
 
+import struct
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -46,6 +47,13 @@ ROLLUP_1H_MS = 3_600_000
 
 #: Rollup resolution -> the aligned window no chunk of it crosses (ms).
 WINDOWS = {ROLLUP_5M_MS: 86_400_000, ROLLUP_1H_MS: 7 * 86_400_000}
+#: Rollup resolution -> the most bytes of one chunk; a larger one is stored in pieces.  5 m
+#: chunks keep to what SQLite stores inline (``store.chunks.MAX_CHUNK_BYTES``): they are most
+#: of the rollups' bytes.  Hourly ones are few (a week's overflow page per series costs less
+#: than 0.05 bytes per raw sample) and are what long-range panels read: in pieces of 960
+#: bytes a 30-day panel of 200 series decoded 5,000 chunks, each a few pcodec calls.  The
+#: cap keeps every column's length within the header's uint16.
+PIECE_BYTES = {ROLLUP_5M_MS: MAX_CHUNK_BYTES, ROLLUP_1H_MS: 48_000}
 
 COLUMNS = ("ts", "min", "max", "sum", "count", "last")
 _INT_COLUMNS = frozenset({0, 4})
@@ -53,6 +61,7 @@ _K = len(COLUMNS)
 _LE_I64 = np.dtype("<i8")
 _LE_F64 = np.dtype("<f8")
 _LE_U16 = np.dtype("<u2")
+_LENS = struct.Struct("<6H")
 F64 = npt.NDArray[np.float64]
 
 
@@ -101,11 +110,13 @@ def encode(rows: Rows, res: int) -> Encoded:
                    out.tobytes(), 8 * _K * starts, 8 * _K * counts)
 
 
-def compress(chunks: Encoded, *, limit: int = MAX_CHUNK_BYTES) -> Encoded:
-    """``chunks`` (raw, from :func:`encode`) compressed where that saves bytes, one larger
-    than ``limit`` bytes cut into pieces (``store.chunks.pieces``, for the same reason)."""
+def compress(chunks: Encoded, res: int) -> Encoded:
+    """``chunks`` (raw, from :func:`encode`, of resolution ``res``) compressed where that
+    saves bytes, one larger than :data:`PIECE_BYTES` cut into pieces (``store.chunks.pieces``).
+    """
     if not len(chunks):
         return chunks
+    limit = PIECE_BYTES[res]
     compressor, _, config = _pco()
     words = np.frombuffer(chunks.buf, _LE_I64)
     ids: list[int] = []
@@ -143,7 +154,9 @@ def compress(chunks: Encoded, *, limit: int = MAX_CHUNK_BYTES) -> Encoded:
 
 
 def _column(blob: bytes, n: int, c: int) -> npt.NDArray[Any]:
-    """Column ``c`` of one chunk of ``n`` buckets."""
+    """Column ``c`` of one chunk of ``n`` buckets.  Python ints, not numpy, for the header:
+    a long-range panel decodes thousands of chunks, and numpy's per-call cost on six numbers
+    was most of the time."""
     if len(blob) == 8 * _K * n:
         words = np.frombuffer(blob, _LE_I64, n, 8 * c * n)
         return words.astype(np.int64) if c in _INT_COLUMNS else words.view(_LE_F64).astype(
@@ -151,15 +164,14 @@ def _column(blob: bytes, n: int, c: int) -> npt.NDArray[Any]:
     if len(blob) < 1 + 2 * _K or blob[0] != FORMAT_PCO:
         raise ValueError(f"a rollup chunk of {n} buckets holds {len(blob)} bytes: neither raw "
                          f"(expected {8 * _K * n}) nor compressed")
-    lens = np.frombuffer(blob, _LE_U16, _K, 1).astype(np.int64)
-    at = 1 + 2 * _K + int(lens[:c].sum())
-    if 1 + 2 * _K + int(lens.sum()) != len(blob):
+    lens = _LENS.unpack_from(blob, 1)
+    if 1 + 2 * _K + sum(lens) != len(blob):
         raise ValueError(f"a compressed rollup chunk of {n} buckets is damaged: its column "
                          "lengths do not add up")
-    part = blob[at : at + int(lens[c])]
+    at = 1 + 2 * _K + sum(lens[:c])
+    part = blob[at : at + lens[c]]
     _, decompressor, _ = _pco()
-    out: npt.NDArray[Any] = np.empty(
-        n, np.int64 if c in _INT_COLUMNS else np.float64)
+    out: npt.NDArray[Any] = np.empty(n, np.int64 if c in _INT_COLUMNS else np.float64)
     try:
         cd, used = decompressor.chunk_decompressor(part, "i64" if c in _INT_COLUMNS else "f64")
         progress, used2 = cd.read_page_into(part[used:], n, out)
@@ -172,21 +184,37 @@ def _column(blob: bytes, n: int, c: int) -> npt.NDArray[Any]:
 
 def decode(
     ids: I64, seqs: I64, starts: I64, ns: I64, blobs: list[bytes], *, lo_ms: int, hi_ms: int,
-    columns: tuple[str, ...] = COLUMNS,
+    columns: tuple[str, ...] = COLUMNS, ends: I64 | None = None, res: int | None = None,
 ) -> Rows:
     """The rows of the chunks (parallel columns, any order) with ``ts`` in ``[lo_ms, hi_ms]``,
     keeping of equal ``(id, ts)`` the one of the highest ``seq``.  Columns not in ``columns``
-    are not decoded (zeros).  Raises ValueError on damaged data."""
+    are not decoded (zeros).  Given the chunks' ``ends`` and resolution ``res``, a chunk with
+    a bucket at every step from its start to its end (most are) has its ``ts`` column computed
+    rather than decoded.  Raises ValueError on damaged data."""
     if not len(ids):
         return empty()
-    order = np.lexsort((starts, seqs, ids)).tolist()
-    counts = ns[order]
+    order_a = np.lexsort((starts, seqs, ids))
+    order = order_a.tolist()
+    counts = ns[order_a]
+    count_list = counts.tolist()
     total = int(counts.sum())
+    first = np.cumsum(counts) - counts
     want = {COLUMNS.index(c) for c in columns} | {0}
     cols: list[npt.NDArray[Any]] = []
+    dense = np.zeros(len(ids), bool)
+    if ends is not None and res is not None:
+        dense = (ends - starts == (ns - 1) * res)[order_a]
     for c in range(_K):
-        if c in want:
-            parts = [_column(blobs[i], int(ns[i]), c) for i in order]
+        if c == 0 and dense.any():
+            step = res or 0
+            ts = np.repeat(starts[order_a], counts) + step * (
+                np.arange(total, dtype=np.int64) - np.repeat(first, counts))
+            for k in np.flatnonzero(~dense).tolist():
+                a = int(first[k])
+                ts[a : a + count_list[k]] = _column(blobs[order[k]], count_list[k], 0)
+            cols.append(ts)
+        elif c in want:
+            parts = [_column(blobs[i], n, c) for i, n in zip(order, count_list, strict=True)]
             cols.append(np.concatenate(parts) if parts else np.empty(0))
         else:
             cols.append(np.zeros(total, np.int64 if c in _INT_COLUMNS else np.float64))

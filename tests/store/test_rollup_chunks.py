@@ -88,13 +88,13 @@ def test_compressed_rollup_chunks_decode_to_what_was_written_bit_for_bit(
 ) -> None:
     res, rows = case
     raw = rc.encode(rows, res)
-    packed = rc.compress(raw)
+    packed = rc.compress(raw, res)
     assert int(packed.n.sum()) == int(raw.n.sum())
     blobs = packed.blobs()
     for blob, n in zip(blobs, packed.n.tolist(), strict=True):
         assert len(blob) <= 48 * n
         assert len(blob) == 48 * n or blob[0] == 1
-        assert len(blob) <= MAX_CHUNK_BYTES or n == 1  # cut into pieces that fit a page
+        assert len(blob) <= rc.PIECE_BYTES[res] or n == 1  # cut into pieces
     for enc, data in ((raw, raw.blobs()), (packed, blobs)):
         got = rc.decode(enc.ids, np.zeros(len(enc), np.int64), enc.start_ms, enc.n, data,
                         lo_ms=-(2**62), hi_ms=2**62)
@@ -121,7 +121,8 @@ def test_a_newer_write_of_a_bucket_wins_as_the_upsert_did() -> None:
                   np.array([1.0, 2.0]))
     again = rc.Rows(np.array([1]), np.array([ROLLUP_5M_MS]), np.array([5.0]), np.array([6.0]),
                     np.array([7.0]), np.array([3]), np.array([6.0]))
-    a, b = rc.compress(rc.encode(one, ROLLUP_5M_MS)), rc.encode(again, ROLLUP_5M_MS)
+    a = rc.compress(rc.encode(one, ROLLUP_5M_MS), ROLLUP_5M_MS)
+    b = rc.encode(again, ROLLUP_5M_MS)
     got = rc.decode(np.array([1, 1]), np.array([9, 4]), np.array([0, ROLLUP_5M_MS]),
                     np.array([2, 1]), a.blobs() + b.blobs(), lo_ms=0, hi_ms=2**62)
     assert got.sum.tolist() == [1.0, 2.0]  # the chunk of seq 9 is newer
@@ -149,7 +150,7 @@ def test_a_day_of_5m_buckets_compresses_far_below_a_row_each() -> None:
     level = np.cumsum(rng.poisson(400, n)).astype(np.float64)
     rows = rc.Rows(np.zeros(n, np.int64), T * 1000 + np.arange(n) * ROLLUP_5M_MS,
                    level - 300, level, level * 20 - 3000, np.full(n, 20), level)
-    packed = rc.compress(rc.encode(rows, ROLLUP_5M_MS))
+    packed = rc.compress(rc.encode(rows, ROLLUP_5M_MS), ROLLUP_5M_MS)
     assert int(packed.sizes.sum()) < 12 * n, packed.sizes  # 48 bytes a bucket raw, ~60 a row
     assert (packed.sizes <= MAX_CHUNK_BYTES).all()
 
