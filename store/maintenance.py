@@ -461,19 +461,23 @@ def _merge_chunks(conn: Connection, ids: list[int], within: list[Any], *, window
 
 
 def _compact_rollups(conn: Connection, ids: list[int], window: int) -> int:
-    """Merge each series' rollup chunks, in the rollup windows (``rollup_chunks.WINDOWS``)
-    holding the hour ``window``, into one; returns chunks removed.
+    """Merge each series' open rollup chunks, in the rollup windows
+    (``rollup_chunks.WINDOWS``) holding the hour ``window``; returns chunks removed.
 
-    A rollup run appends a chunk per series (a bucket or a few); compacting every hour
-    rewrites the window's chunk with the hour's buckets added.  The same reasoning as for
-    samples (:func:`compact`) makes it safe: under the rollup lock, which every rollup run
-    holds too, and the merged chunk keeps the highest ``seq`` it replaced.
+    A rollup run appends a chunk per series (a bucket or a few); every hour, the chunks of
+    a window still under half of ``rollup_chunks.PIECE_BYTES`` (open: the runs' chunks and
+    the last piece of an earlier merge) are merged, and the pieces that came out larger stay
+    as they are from then on: an hour rewrites a piece or two per series, not the whole day.
+    Safe as compaction of samples is (:func:`compact`): under the rollup lock, which every
+    rollup run holds too; every chunk written after a merge has a higher ``seq`` than the
+    pieces it left, and the merged chunks keep the highest ``seq`` they replaced.
     """
     removed = 0
     for table, res in ((t.rollup_chunks_5m, ROLLUP_5M_MS), (t.rollup_chunks_1h, ROLLUP_1H_MS)):
         c = table.c
         lo = rc.window_start(window, res)
-        where = [c.series_id.in_(ids), c.start_ms >= lo, c.start_ms < lo + rc.WINDOWS[res]]
+        where = [c.series_id.in_(ids), c.start_ms >= lo, c.start_ms < lo + rc.WINDOWS[res],
+                 func.length(c.data) < rc.PIECE_BYTES[res] // 2]
         query = select(c.series_id).where(*where).group_by(c.series_id).having(
             func.count() > 1)
         todo = list(conn.execute(query).scalars())

@@ -14,7 +14,7 @@ import time
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sqlalchemy import inspect, select, text
+from sqlalchemy import func, inspect, select, text
 
 from tests.store_sql import raw_engine
 from tritonwatch.schemas import tables as t
@@ -232,3 +232,35 @@ def test_schema_4_rollup_rows_are_upgraded_and_read_the_same(store_url: str) -> 
         assert _answers(s) == before
     finally:
         s.close()
+
+
+def _rollup_pieces(s: Store) -> list[tuple[int, int, int, int]]:
+    c = t.rollup_chunks_5m.c
+    with transaction(raw_engine(s), write=False) as conn:
+        return [tuple(r) for r in conn.execute(
+            select(c.series_id, c.start_ms, c.seq, func.length(c.data)).order_by(
+                c.series_id, c.start_ms))]
+
+
+def test_hourly_compaction_rewrites_only_the_open_rollup_pieces(store: Store) -> None:
+    rng = np.random.default_rng(3)
+    noise = rng.normal(0, 1e6, (2880, 3))  # incompressible: a day takes several pieces
+    day = T - 86_400
+    for hour in range(24):
+        for k in range(hour * 120, hour * 120 + 120):
+            store.write("x", day + k * 30, [Sample("x", make_labels({"i": str(i)}),
+                                                   float(noise[k, i])) for i in range(3)])
+        store.flush()
+        store.maintenance.rollup(day + (hour + 1) * 3600 + 600)
+        if hour == 20:
+            sealed = {p for p in _rollup_pieces(store) if p[3] >= rc.PIECE_BYTES[ROLLUP_5M_MS] // 2}
+            assert len(sealed) >= 3 * 2
+    pieces = _rollup_pieces(store)
+    assert sealed <= set(pieces)  # the later hours left the sealed pieces alone
+    assert all(p[3] <= MAX_CHUNK_BYTES for p in pieces)
+    assert len({p[0] for p in pieces}) == 3
+    got = {dict(d.labels)["i"]: d.values for d in store.read(
+        Query("x", start=day, end=day + 86_400 - 1, step=300, agg="max")).series()}
+    for i in range(3):
+        want = noise[:, i].reshape(288, 10).max(axis=1)
+        assert got[str(i)] == tuple(want.tolist())
