@@ -129,7 +129,7 @@ def codecs() -> dict[str, tuple[Callable[[np.ndarray, np.ndarray], bytes],
                 standalone.simple_decompress(b[2 + k:]))
 
     def store_enc(ts: np.ndarray, v: np.ndarray) -> bytes:
-        return bytes(ck.compress(ck.encode(np.zeros(len(ts), np.int64), ts, v)).buf)
+        return bytes(ck.compress(ck.encode(np.zeros(len(ts), np.int64), ts, v), limit=1 << 30).buf)
 
     def store_dec(b: bytes, n: int) -> tuple[np.ndarray, np.ndarray]:
         return ck.columns(np.array([n], np.int64), [b])

@@ -273,9 +273,10 @@ def _insert_rollups(conn: Connection, dst: Table, rows: rc.Rows, res: int,
         rows = rows.take(keep)
     if not len(rows) or seq is None:
         return 0
-    # Written compressed: a run's chunks of a series (an hour of 5 m buckets) are small, and
-    # compaction merges them into the window's chunk anyway.
-    insert_chunks(conn, rc.compress(rc.encode(rows, res), res), seq, table=dst.name)
+    # Written raw: a run's chunk of a series is a bucket or a few, which pcodec would encode
+    # at some 30 us a column and not make smaller (six columns per series every run: a third
+    # of a core at 1,000 targets); compaction compresses them, an hour's worth at a time.
+    insert_chunks(conn, rc.encode(rows, res), seq, table=dst.name)
     return len(rows)
 
 
@@ -464,10 +465,11 @@ def _compact_rollups(conn: Connection, ids: list[int], window: int) -> int:
     """Merge each series' open rollup chunks, in the rollup windows
     (``rollup_chunks.WINDOWS``) holding the hour ``window``; returns chunks removed.
 
-    A rollup run appends a chunk per series (a bucket or a few); every hour, the chunks of
-    a window still under half of ``rollup_chunks.PIECE_BYTES`` (open: the runs' chunks and
-    the last piece of an earlier merge) are merged, and the pieces that came out larger stay
-    as they are from then on: an hour rewrites a piece or two per series, not the whole day.
+    A rollup run appends a raw chunk per series (a bucket or a few); every hour, the chunks
+    of a window that are raw or under half of ``rollup_chunks.PIECE_BYTES`` (open: the runs'
+    chunks and the last piece of an earlier merge) are merged and compressed, and the pieces
+    that came out larger stay as they are from then on: an hour rewrites a piece or two per
+    series, not the whole day.
     Safe as compaction of samples is (:func:`compact`): under the rollup lock, which every
     rollup run holds too; every chunk written after a merge has a higher ``seq`` than the
     pieces it left, and the merged chunks keep the highest ``seq`` they replaced.
@@ -477,9 +479,11 @@ def _compact_rollups(conn: Connection, ids: list[int], window: int) -> int:
         c = table.c
         lo = rc.window_start(window, res)
         where = [c.series_id.in_(ids), c.start_ms >= lo, c.start_ms < lo + rc.WINDOWS[res],
-                 func.length(c.data) < rc.PIECE_BYTES[res] // 2]
+                 or_(func.length(c.data) < rc.PIECE_BYTES[res] // 2,
+                     func.length(c.data) == 48 * c.n)]
+        raw = func.sum(case((func.length(c.data) == 48 * c.n, 1), else_=0))
         query = select(c.series_id).where(*where).group_by(c.series_id).having(
-            func.count() > 1)
+            or_(func.count() > 1, raw > 0))
         todo = list(conn.execute(query).scalars())
         if not todo:
             continue
