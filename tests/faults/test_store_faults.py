@@ -335,7 +335,7 @@ def _expected(agg: str) -> dict[str, list[float]]:
 
 
 def _rollups(store: Store, agg: Any) -> dict[str, list[float]]:
-    # step = 5 m over completed, rolled-up buckets: served from rollups_5m.
+    # step = 5 m over completed, rolled-up buckets: served from rollup_chunks_5m.
     data = store.read(Query("x", start=T0, end=T0 + HOURS * 3600 - 0.001, step=300,
                             agg=agg)).series()
     return {dict(d.key.labels)["i"]: list(d.values) for d in data}
