@@ -245,7 +245,7 @@ async def ingest_during(store: Store, fleet: Fleet, targets: int, *, baseline_s:
 
 def reset_rollups(store: Store) -> None:
     with transaction(raw_engine(store), write=True) as conn:  # bench only: start rollups afresh
-        for table in ("rollups_5m", "rollups_1h"):
+        for table in ("rollup_chunks_5m", "rollup_chunks_1h"):
             conn.exec_driver_sql(f"DELETE FROM {table}")
         conn.exec_driver_sql(
             f"DELETE FROM meta WHERE key IN ('{WATERMARK_5M}', '{WATERMARK_1H}')"

@@ -34,7 +34,9 @@ from sqlalchemy import (
 #: 3: flushes append to ``sample_log``, which readers merge (an older tritonwatch would not).
 #: 4: compaction compresses ``sample_chunks.data`` (``store.chunks``), which an older
 #: tritonwatch could not read; ``store.migrate.recompress_chunks`` upgrades version 3.
-SCHEMA_VERSION = 4
+#: 5: rollups stored as compressed column chunks (``rollup_chunks_5m``/``_1h``) instead of a
+#: row per bucket (``rollups_5m``/``_1h``); ``store.migrate.rollup_rows_to_chunks`` converts.
+SCHEMA_VERSION = 5
 
 # Named constraints keep future migrations (ALTER ... DROP CONSTRAINT name) portable.
 metadata = MetaData(
@@ -131,25 +133,33 @@ sample_chunks_seq = Sequence("sample_chunks_seq", metadata=metadata)
 
 
 def _rollup_table(name: str) -> Table:
-    # One row per series per bucket; ``ts`` is the bucket start.  min/max/sum/count/last are all
-    # composable, so 1 h rows are built from 5 m rows and query buckets from either.
-    return Table(
+    # A rollup chunk: one series' rollup rows (one per bucket: min/max/sum/count/last, all
+    # composable, so 1 h rows are built from 5 m rows and query buckets from either) of one
+    # aligned window, column-wise and compressed (store/rollup_chunks.py).  A row per bucket
+    # was 60 bytes on disk, more than the raw samples it summarised.  Keyed and merged as
+    # sample_chunks are: ``seq`` orders the writes, the last write of a bucket wins.
+    table = Table(
         name,
         metadata,
         Column("series_id", SeriesId, nullable=False),
-        Column("ts", BigInteger, nullable=False),
-        Column("min", Double, nullable=False),
-        Column("max", Double, nullable=False),
-        Column("sum", Double, nullable=False),
-        Column("count", BigInteger, nullable=False),
-        Column("last", Double, nullable=False),
-        PrimaryKeyConstraint("series_id", "ts"),
+        Column("start_ms", BigInteger, nullable=False),
+        Column("seq", BigInteger, nullable=False),
+        Column("end_ms", BigInteger, nullable=False),
+        Column("n", Integer, nullable=False),
+        Column("data", LargeBinary, nullable=False),
+        PrimaryKeyConstraint("series_id", "start_ms", "seq"),
         sqlite_with_rowid=False,
     )
+    event.listen(table, "after_create", DDL(  # type: ignore[no-untyped-call]
+        f"ALTER TABLE {name} ALTER COLUMN data SET STORAGE EXTERNAL"
+    ).execute_if(dialect="postgresql"))
+    return table
 
 
-rollups_5m = _rollup_table("rollups_5m")
-rollups_1h = _rollup_table("rollups_1h")
+rollup_chunks_5m = _rollup_table("rollup_chunks_5m")
+rollup_chunks_1h = _rollup_table("rollup_chunks_1h")
+#: Schema 4's rollup tables (a row per series and bucket), converted by store.migrate.
+LEGACY_ROLLUP_TABLES = {"rollups_5m": rollup_chunks_5m, "rollups_1h": rollup_chunks_1h}
 
 def _health_table(name: str, *key: str) -> Table:
     # One outcome of a scrape (or NVML read, probe run) per row: schemas.samples.TargetHealth.

@@ -30,10 +30,16 @@ Windows.  A chunk never crosses a boundary of the aligned :data:`WINDOW_MS` (1 h
 flush encodes one chunk per series (kept in the sample log, ``store.samplelog``, until
 maintenance merges a few minutes of them into one), split in two only when its samples
 straddle a full hour.
-So every chunk holding samples at or after ``lo`` starts at or after ``lo``'s window, and the
+Compaction merges each hour's chunks into one per series, and once all six hours of an aligned
+:data:`SPAN_MS` (6 h) span are done, the span's hour chunks into one (schema 5: a 6 h chunk
+compresses a tenth better than six hour chunks, and its row costs a sixth).  So no chunk
+crosses a span boundary, and only those span merges cross an hour one.
+Every chunk holding samples at or after ``lo`` then starts at or after ``lo``'s span, and the
 chunks overlapping ``[lo, hi]`` are a bounded primary-key range scan
-(``start_ms BETWEEN window(lo) AND hi AND end_ms >= lo``) with no index on ``end_ms``; and
-compaction can merge one window at a time, knowing no chunk outside it holds its samples.
+(``start_ms BETWEEN span(lo) AND hi AND end_ms >= lo``) with no index on ``end_ms``; and
+compaction can merge one hour (its chunks that end in it) or one span at a time, knowing no
+chunk it does not read holds samples in what it writes, but span chunks it read or that are
+older than every chunk it read.
 
 Last write wins.  Chunks of one series may overlap: late samples flushed after newer ones, a
 re-sent scrape, two writers, a retried flush whose commit had in fact succeeded.  Each flush
@@ -48,6 +54,8 @@ table) stored.  Compacted chunks keep the highest ``seq`` they merged (see
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -55,8 +63,11 @@ import numpy.typing as npt
 from pcodec import ChunkConfig
 from pcodec import wrapped as pco
 
-#: Chunks never cross a boundary of this aligned grid (ms).
+#: Chunks are cut at the boundaries of this aligned grid (ms) when written, and compacted an
+#: hour at a time.
 WINDOW_MS = 3_600_000
+#: No chunk crosses a boundary of this aligned grid (ms): compaction merges a span's hours.
+SPAN_MS = 6 * WINDOW_MS
 
 #: Samples per chunk written by compaction and migration (64 KiB of data).
 MAX_SAMPLES = 4096
@@ -157,13 +168,23 @@ def window_start(ms: int) -> int:
     return ms // WINDOW_MS * WINDOW_MS
 
 
-def encode(ids: I64, ts: I64, values: F64, *, max_samples: int | None = None) -> Encoded:
+def span_start(ms: int) -> int:
+    """Start of the :data:`SPAN_MS` span holding ``ms``: no chunk holding samples at or after
+    ``ms`` starts before it."""
+    return ms // SPAN_MS * SPAN_MS
+
+
+def encode(
+    ids: I64, ts: I64, values: F64, *, max_samples: int | None = None,
+    window_ms: int = WINDOW_MS,
+) -> Encoded:
     """Chunks for columns sorted by ``(id, ts)`` without duplicate keys.
 
-    One chunk per series and window, cut further every ``max_samples`` samples if given.
+    One chunk per series and ``window_ms`` window (an hour; a span for compaction's span
+    merges), cut further every ``max_samples`` samples if given.
     """
     n = len(ids)
-    win = ts // WINDOW_MS
+    win = ts // window_ms
     starts, ends = run_bounds(ids, win)
     if max_samples is not None and len(starts) and int((ends - starts).max()) > max_samples:
         pos = np.arange(n, dtype=np.int64) - np.repeat(starts, ends - starts)
@@ -193,35 +214,91 @@ def encode(ids: I64, ts: I64, values: F64, *, max_samples: int | None = None) ->
     )
 
 
-def compress(chunks: Encoded) -> Encoded:
+#: The most bytes a stored chunk's data takes: a larger one is cut into pieces (by samples)
+#: that each fit.  SQLite keeps a row of a WITHOUT ROWID table of 4 KB pages inline only up to
+#: about 1,000 bytes; past that it moves the rest to an overflow page of its own, mostly empty
+#: (measured: a day of a 566-series target took 3.4 bytes a sample in ``sample_chunks`` for
+#: 1.7 of chunk data).
+MAX_CHUNK_BYTES = 960
+
+#: ``(lo, hi, data)``: a piece of a chunk, samples ``lo`` to ``hi``.
+Piece = tuple[int, int, bytes]
+
+
+def pieces(
+    n: int, packed: Callable[[int, int], bytes], raw: Callable[[int, int], bytes],
+    *, limit: int = MAX_CHUNK_BYTES,
+) -> list[Piece]:
+    """Samples ``0`` to ``n`` as pieces of at most ``limit`` bytes (a single sample or row may
+    exceed it): each compressed (``packed(lo, hi)``) or raw (``raw(lo, hi)``) where that is
+    not larger, cut evenly by samples as often as needed."""
+    out: list[Piece] = []
+    todo = [(0, n)]
+    while todo:
+        lo, hi = todo.pop()
+        blob = packed(lo, hi)
+        plain = raw(lo, hi)
+        if len(blob) >= len(plain):
+            blob = plain
+        if len(blob) <= limit or hi - lo == 1:
+            out.append((lo, hi, blob))
+            continue
+        k = min(hi - lo, -(-len(blob) // limit))
+        cuts = np.linspace(lo, hi, k + 1).astype(np.int64).tolist()
+        todo.extend(reversed(list(itertools.pairwise(cuts))))
+    return out
+
+
+def from_pieces(ids: list[int], starts: list[int], ends: list[int], ns: list[int],
+                parts: list[bytes]) -> Encoded:
+    """An :class:`Encoded` of chunks given one by one."""
+    sizes = np.fromiter(map(len, parts), np.int64, len(parts))
+    offsets = np.zeros(len(parts), np.int64)
+    if len(parts):
+        np.cumsum(sizes[:-1], out=offsets[1:])
+    return Encoded(np.array(ids, np.int64), np.array(starts, np.int64),
+                   np.array(ends, np.int64), np.array(ns, np.int64), b"".join(parts), offsets,
+                   sizes)
+
+
+def compress(chunks: Encoded, *, limit: int = MAX_CHUNK_BYTES) -> Encoded:
     """``chunks`` (raw, from :func:`encode`) with each chunk compressed (:data:`FORMAT_PCO`),
-    or kept raw where that is not smaller."""
+    or kept raw where that is not smaller; one larger than ``limit`` bytes is cut into
+    pieces (:func:`pieces`), chunks of the same series and window."""
     if not len(chunks):
         return chunks
     compressor, _, config = _pco()
     words = np.frombuffer(chunks.buf, _LE_I64)
-    parts: list[bytes] = []
-    sizes = np.empty(len(chunks), np.int64)
     prefix = bytes([FORMAT_PCO])
-    for i, (at, n) in enumerate(zip((chunks.offsets // 8).tolist(), chunks.n.tolist(),
-                                    strict=True)):
+    ids: list[int] = []
+    starts: list[int] = []
+    ends: list[int] = []
+    ns: list[int] = []
+    parts: list[bytes] = []
+    for sid, at, n in zip(chunks.ids.tolist(), (chunks.offsets // 8).tolist(),
+                          chunks.n.tolist(), strict=True):
         ts = words[at : at + n]
         values = words[at + n : at + 2 * n].view(_LE_F64)
-        out = [prefix]
-        for column in (ts, values):
-            cc = compressor.chunk_compressor(column, config)
-            out.append(cc.write_meta())
-            out.extend(cc.write_page(k) for k in range(len(cc.n_per_page())))
-        blob = b"".join(out)
-        if len(blob) >= 16 * n:
-            blob = chunks.buf[8 * at : 8 * at + 16 * n]
-        parts.append(blob)
-        sizes[i] = len(blob)
-    offsets = np.zeros(len(chunks), np.int64)
-    np.cumsum(sizes[:-1], out=offsets[1:])
-    # Not ``_replace``: it checks the new tuple's len(), which ``__len__`` redefines.
-    return Encoded(chunks.ids, chunks.start_ms, chunks.end_ms, chunks.n, b"".join(parts),
-                   offsets, sizes)
+
+        def packed(lo: int, hi: int, ts: I64 = ts, values: F64 = values) -> bytes:
+            out = [prefix]
+            for column in (ts[lo:hi], values[lo:hi]):
+                cc = compressor.chunk_compressor(column, config)
+                out.append(cc.write_meta())
+                out.extend(cc.write_page(k) for k in range(len(cc.n_per_page())))
+            return b"".join(out)
+
+        def raw(lo: int, hi: int, ts: I64 = ts, values: F64 = values) -> bytes:
+            return ts[lo:hi].astype(_LE_I64).tobytes() + values[lo:hi].astype(
+                _LE_F64).tobytes()
+
+        for lo, hi, blob in pieces(n, packed, raw, limit=limit):
+            ids.append(sid)
+            starts.append(int(ts[lo]))
+            ends.append(int(ts[hi - 1]))
+            ns.append(hi - lo)
+            parts.append(blob)
+    return from_pieces(ids, starts, ends, ns, parts)
 
 
 def is_raw(size: int, n: int) -> bool:

@@ -46,18 +46,29 @@ from sqlalchemy import (
 )
 
 from tritonwatch.schemas import tables as t
+from tritonwatch.store import rollup_chunks as rc
 from tritonwatch.store.chunks import (
     I64_MAX,
     I64_MIN,
     MAX_SAMPLES,
+    SPAN_MS,
     WINDOW_MS,
     compress,
     encode,
+    run_bounds,
+    span_start,
     window_start,
 )
 from tritonwatch.store.engine import transaction
-from tritonwatch.store.query import ROLLUP_1H_MS, ROLLUP_5M_MS, aggregate, merge_rows, raw_samples
-from tritonwatch.store.write import PG_LOCK_ROLLUP, dialect_insert, insert_chunks
+from tritonwatch.store.query import (
+    ROLLUP_1H_MS,
+    ROLLUP_5M_MS,
+    aggregate,
+    merge_rows,
+    raw_samples,
+    read_rollups,
+)
+from tritonwatch.store.write import PG_LOCK_ROLLUP, dialect_insert, insert_chunks, next_seq
 
 log = logging.getLogger(__name__)
 
@@ -201,41 +212,6 @@ def rewind_watermarks(conn: Connection, oldest_ms: int) -> int | None:
     return target
 
 
-def _rollup_stmt(conn: Connection, src: Table, dst: Table, *, lo: int, hi: int, res: int) -> Any:
-    # Rollup rows from rollup rows (1 h from 5 m), in SQL.
-    c = src.c
-    newest = func.first_value(c["last"]).over(
-        partition_by=(c.series_id, c.ts // res), order_by=c.ts.desc()
-    )
-    cols: list[Any] = [c.series_id, ((c.ts // res) * res).label("b"), newest.label("newest")]
-    cols += [c["min"], c["max"], c["sum"], c["count"]]
-    inner = select(*cols).where(c.ts >= lo, c.ts < hi).subquery()
-    i = inner.c
-    aggs = [func.min(i["min"]), func.max(i["max"]), func.sum(i["sum"]), func.sum(i["count"])]
-    source = select(i.series_id, i.b, *aggs, func.max(i.newest)).group_by(i.series_id, i.b)
-    # +Inf and -Inf 5-minute sums in one hour sum to NaN (NULL on SQLite): no hourly row for
-    # that series and hour, rather than a refused insert that stops every later rollup.
-    total = func.sum(i["sum"])
-    if conn.dialect.name == "postgresql":
-        source = source.having(total != float("nan"))  # PostgreSQL: NaN equals only NaN
-    else:
-        source = source.having(total.isnot(None))
-    stmt = dialect_insert(conn, dst).from_select(_ROLLUP_COLUMNS, source)
-    return _upsert(stmt, dst)
-
-
-_ROLLUP_COLUMNS = ["series_id", "ts", "min", "max", "sum", "count", "last"]
-
-
-def _upsert(stmt: Any, dst: Table) -> Any:
-    # Upsert: re-running a chunk (two processes, or a crash before the watermark commit)
-    # rewrites the same rows instead of failing.
-    return stmt.on_conflict_do_update(
-        index_elements=[dst.c.series_id, dst.c.ts],
-        set_={n: stmt.excluded[n] for n in _ROLLUP_COLUMNS[2:]},
-    )
-
-
 def series_ids(conn: Connection) -> npt.NDArray[np.int64]:
     # An array, not a list: at 1,000 targets it is 566k ids, and as Python ints spread over
     # the heap (20 MB) they left it fragmented after every maintenance run.
@@ -252,35 +228,56 @@ def _rollup_raw(
     # step back (its watermark with it) when it answers True.
     written = 0
     ids = series_ids(conn)
+    seq: int | None = None
     for i in range(0, len(ids), ID_BATCH):
         if stop():
             raise Stopped
         batch = ids[i : i + ID_BATCH].tolist()
         a = aggregate(raw_samples(conn, batch, lo_ms=lo, hi_ms=hi - 1), res)
-        # +Inf and -Inf in one bucket sum to NaN, which SQLite stores as NULL and the NOT NULL
-        # column refuses: one such series would stop every later rollup at that bucket.  Its
-        # sum (and so its average) has no value; the bucket is left to the raw samples.
-        keep = ~np.isnan(a.sum)
-        if not keep.all():
-            log.debug("rollup: %d bucket(s) summing +Inf and -Inf left to the raw samples",
-                      int((~keep).sum()))
-            a = a._replace(ids=a.ids[keep], buckets=a.buckets[keep], min=a.min[keep],
-                           max=a.max[keep], sum=a.sum[keep], n=a.n[keep],
-                           last_ts=a.last_ts[keep], last=a.last[keep])
-        if not len(a.ids):
-            continue
-        rows = [
-            dict(zip(_ROLLUP_COLUMNS, row, strict=True))
-            for row in zip(
-                a.ids.tolist(), a.buckets.tolist(), a.min.tolist(), a.max.tolist(),
-                a.sum.tolist(), a.n.tolist(), a.last.tolist(), strict=True,
-            )
-        ]
-        conn.execute(_upsert(dialect_insert(conn, dst), dst), rows)
-        written += len(rows)
+        rows = rc.Rows(a.ids, a.buckets, a.min, a.max, a.sum, a.n, a.last)
+        if seq is None and len(rows):
+            seq = next_seq(conn)
+        written += _insert_rollups(conn, dst, rows, res, seq)
     return written
 
 
+def _rollup_rollups(
+    conn: Connection, src: Table, dst: Table, *, lo: int, hi: int, res: int, src_res: int,
+    stop: Stop = never,
+) -> int:
+    # Rollup rows from finer rollup rows (1 h from 5 m), merged and aggregated in numpy.
+    written = 0
+    ids = series_ids(conn)
+    seq: int | None = None
+    for i in range(0, len(ids), ID_BATCH):
+        if stop():
+            raise Stopped
+        batch = ids[i : i + ID_BATCH].tolist()
+        rows = rc.aggregate(read_rollups(conn, src, batch, lo_ms=lo, hi_ms=hi - 1,
+                                         res=src_res), res)
+        if seq is None and len(rows):
+            seq = next_seq(conn)
+        written += _insert_rollups(conn, dst, rows, res, seq)
+    return written
+
+
+def _insert_rollups(conn: Connection, dst: Table, rows: rc.Rows, res: int,
+                    seq: int | None) -> int:
+    # +Inf and -Inf in one bucket sum to NaN: its sum (and so its average) has no value, and
+    # the bucket is left to the raw samples (a row per bucket could not store it on SQLite,
+    # where a NaN is a NULL).
+    keep = ~np.isnan(rows.sum)
+    if not keep.all():
+        log.debug("rollup: %d bucket(s) summing +Inf and -Inf left to the raw samples",
+                  int((~keep).sum()))
+        rows = rows.take(keep)
+    if not len(rows) or seq is None:
+        return 0
+    # Written raw: a run's chunk of a series is a bucket or a few, which pcodec would encode
+    # at some 30 us a column and not make smaller (six columns per series every run: a third
+    # of a core at 1,000 targets); compaction compresses them, an hour's worth at a time.
+    insert_chunks(conn, rc.encode(rows, res), seq, table=dst.name)
+    return len(rows)
 
 
 def _roll(
@@ -289,7 +286,7 @@ def _roll(
 ) -> int:
     written = 0
     raw = src is t.sample_chunks
-    oldest = src.c.start_ms if raw else src.c.ts
+    oldest = src.c.start_ms
     while True:
         if stop():
             raise Stopped
@@ -320,10 +317,8 @@ def _roll(
             if raw:
                 written += _rollup_raw(conn, dst, lo=lo, hi=step_hi, res=res, stop=stop)
             else:
-                stmt = _rollup_stmt(conn, src, dst, lo=lo, hi=step_hi, res=res)
-                # Not every dialect reports rowcount for INSERT ... SELECT unless asked to.
-                result = conn.execute(stmt.execution_options(preserve_rowcount=True))
-                written += max(result.rowcount, 0)
+                written += _rollup_rollups(conn, src, dst, lo=lo, hi=step_hi, res=res,
+                                           src_res=ROLLUP_5M_MS, stop=stop)
             set_meta(conn, key, str(step_hi))
 
 
@@ -347,9 +342,9 @@ def rollup(
 
     written = 0
     for src, dst, res, key, horizon_key, hi, chunk in (
-        (t.sample_chunks, t.rollups_5m, ROLLUP_5M_MS, WATERMARK_5M, HORIZON_RAW,
+        (t.sample_chunks, t.rollup_chunks_5m, ROLLUP_5M_MS, WATERMARK_5M, HORIZON_RAW,
          lambda _conn: hi_5m, _CHUNK_5M_MS),
-        (t.rollups_5m, t.rollups_1h, ROLLUP_1H_MS, WATERMARK_1H, HORIZON_5M, hi_1h,
+        (t.rollup_chunks_5m, t.rollup_chunks_1h, ROLLUP_1H_MS, WATERMARK_1H, HORIZON_5M, hi_1h,
          _CHUNK_1H_MS),
     ):
         written += _roll(engine, src=src, dst=dst, res=res, key=key, horizon_key=horizon_key,
@@ -373,9 +368,11 @@ def compact(
     Why nothing is lost.  Every transaction holds the rollup lock exclusively, and a flush
     holds it in shared mode from before it takes its ``seq`` until it commits (SQLite
     serialises writers anyway): so compaction sees every chunk whose ``seq`` is taken, and a
-    chunk written later has a higher ``seq`` than any it merged.  No chunk crosses a window,
-    so the merged chunks, which keep the highest ``seq`` they replaced, overlap no chunk that
-    compaction did not read: the last-write rule gives the same answer before and after, and
+    chunk written later has a higher ``seq`` than any it merged.  An hour's merge reads every
+    chunk lying within the hour, a span's merge (at its last hour) every chunk of the span,
+    and no chunk crosses a span, only span merges an hour: so the merged chunks, which keep
+    the highest ``seq`` they replaced, overlap no chunk that compaction did not read but span
+    chunks older than all it read: the last-write rule gives the same answer before and after, and
     samples flushed later into the window win over them as they did over what they replaced.
     Such late samples (older than the compaction watermark) also mark their window
     (:data:`COMPACT_REWIND`, see :func:`rewind_watermarks`) so that it is compacted again; a
@@ -412,7 +409,9 @@ def compact(
                 raise Stopped
             with gate, transaction(engine, write=True) as conn:
                 advisory_lock(conn, _PG_LOCK_ROLLUP)
-                removed += _compact_window(conn, ids[i : i + _COMPACT_IDS].tolist(), window)
+                batch = ids[i : i + _COMPACT_IDS].tolist()
+                removed += _compact_window(conn, batch, window)
+                removed += _compact_rollups(conn, batch, window)
         with gate, transaction(engine, write=True) as conn:
             advisory_lock(conn, _PG_LOCK_ROLLUP)
             if int_meta(conn, COMPACT_BUSY) == window:
@@ -421,8 +420,23 @@ def compact(
 
 
 def _compact_window(conn: Connection, ids: list[int], window: int) -> int:
+    # The hour's chunks that end in it; then, at a span's last hour, the whole span.  Chunks
+    # crossing an hour (a span's merged chunk) are left to the span merge: merged with an
+    # hour's, the result would take a seq above chunks of later hours it overlaps but did not
+    # read (``store.chunks``, "Windows").
     c = t.sample_chunks.c
-    where = [c.series_id.in_(ids), c.start_ms >= window, c.start_ms < window + WINDOW_MS]
+    removed = _merge_chunks(conn, ids, [c.start_ms >= window, c.end_ms < window + WINDOW_MS],
+                            window_ms=WINDOW_MS)
+    if (window + WINDOW_MS) % SPAN_MS == 0:
+        span = span_start(window)
+        removed += _merge_chunks(conn, ids, [c.start_ms >= span, c.start_ms < span + SPAN_MS],
+                                 window_ms=SPAN_MS)
+    return removed
+
+
+def _merge_chunks(conn: Connection, ids: list[int], within: list[Any], *, window_ms: int) -> int:
+    c = t.sample_chunks.c
+    where = [c.series_id.in_(ids), *within]
     not_full = func.sum(case((c.n < MAX_SAMPLES, 1), else_=0))
     # Raw chunks (the log's moves, or a schema 3 database's) are compressed even when alone;
     # the data's length tells them (``store.chunks``) without reading it.
@@ -441,6 +455,52 @@ def _compact_window(conn: Connection, ids: list[int], window: int) -> int:
         top_seq[sid] = max(seq, top_seq.get(sid, seq))
     m = merge_rows(rows, lo_ms=I64_MIN, hi_ms=I64_MAX)
     conn.execute(delete(t.sample_chunks).where(*where))
-    merged = compress(encode(m.ids, m.ts, m.values, max_samples=MAX_SAMPLES))
+    merged = compress(encode(m.ids, m.ts, m.values, max_samples=MAX_SAMPLES,
+                             window_ms=window_ms))
     insert_chunks(conn, merged, np.array([top_seq[s] for s in merged.ids.tolist()], np.int64))
     return len(rows) - len(merged)
+
+
+def _compact_rollups(conn: Connection, ids: list[int], window: int) -> int:
+    """Merge each series' open rollup chunks, in the rollup windows
+    (``rollup_chunks.WINDOWS``) holding the hour ``window``; returns chunks removed.
+
+    A rollup run appends a raw chunk per series (a bucket or a few); every hour, the chunks
+    of a window that are raw or under half of ``rollup_chunks.PIECE_BYTES`` (open: the runs'
+    chunks and the last piece of an earlier merge) are merged and compressed, and the pieces
+    that came out larger stay as they are from then on: an hour rewrites a piece or two per
+    series, not the whole day.
+    Safe as compaction of samples is (:func:`compact`): under the rollup lock, which every
+    rollup run holds too; every chunk written after a merge has a higher ``seq`` than the
+    pieces it left, and the merged chunks keep the highest ``seq`` they replaced.
+    """
+    removed = 0
+    for table, res in ((t.rollup_chunks_5m, ROLLUP_5M_MS), (t.rollup_chunks_1h, ROLLUP_1H_MS)):
+        c = table.c
+        lo = rc.window_start(window, res)
+        where = [c.series_id.in_(ids), c.start_ms >= lo, c.start_ms < lo + rc.WINDOWS[res],
+                 or_(func.length(c.data) < rc.PIECE_BYTES[res] // 2,
+                     func.length(c.data) == 48 * c.n)]
+        raw = func.sum(case((func.length(c.data) == 48 * c.n, 1), else_=0))
+        query = select(c.series_id).where(*where).group_by(c.series_id).having(
+            or_(func.count() > 1, raw > 0))
+        todo = list(conn.execute(query).scalars())
+        if not todo:
+            continue
+        where[0] = c.series_id.in_(todo)
+        rows = conn.execute(select(c.series_id, c.start_ms, c.seq, c.n, c.data)
+                            .where(*where)).all()
+        sids, starts, seqs, ns, blobs = zip(*rows, strict=True)
+        sid_a, seq_a = np.array(sids, np.int64), np.array(seqs, np.int64)
+        merged_rows = rc.decode(sid_a, seq_a, np.array(starts, np.int64),
+                                np.array(ns, np.int64), list(blobs), lo_ms=I64_MIN,
+                                hi_ms=I64_MAX)
+        conn.execute(delete(table).where(*where))
+        merged = rc.compress(rc.encode(merged_rows, res), res)
+        order = np.argsort(sid_a, kind="stable")
+        firsts, _ = run_bounds(sid_a[order])
+        top = np.maximum.reduceat(seq_a[order], firsts)
+        series = sid_a[order][firsts]
+        insert_chunks(conn, merged, top[np.searchsorted(series, merged.ids)], table=table.name)
+        removed += len(rows) - len(merged)
+    return removed

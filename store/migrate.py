@@ -14,6 +14,12 @@ only marks every window from the oldest chunk's for compaction again
 raw chunk in a window, re-encodes them window by window in its bounded, resumable
 transactions.  The version bump keeps an older tritonwatch, which cannot read compressed
 chunks, off the upgraded database.
+
+Version 4 -> 5: compaction is rewound to the oldest chunk, as from version 3, so that it
+merges the stored hour chunks into 6 h spans (``store.chunks``); and rollups move from a row
+per series and bucket (``rollups_5m``, ``rollups_1h``) into compressed column chunks
+(``store.rollup_chunks``), a batch of whole series per transaction, resumable
+(:func:`rollup_rows_to_chunks`); the old tables are dropped once empty.
 """
 
 from __future__ import annotations
@@ -25,10 +31,12 @@ import numpy as np
 from sqlalchemy import Connection, Engine, func, inspect, select, text
 
 from tritonwatch.schemas import tables as t
+from tritonwatch.store import rollup_chunks as rc
 from tritonwatch.store.chunks import MAX_SAMPLES, encode, window_start
 from tritonwatch.store.engine import transaction
 from tritonwatch.store.errors import StoreError, db_errors
 from tritonwatch.store.maintenance import COMPACT_REWIND, advisory_lock, get_meta, set_meta
+from tritonwatch.store.query import ROLLUP_1H_MS, ROLLUP_5M_MS
 from tritonwatch.store.write import insert_chunks
 
 log = logging.getLogger(__name__)
@@ -89,6 +97,53 @@ def samples_to_chunks(engine: Engine, *, lock_key: int, batch_rows: int | None =
             moved += len(rows)
 
 
+def has_legacy_rollups(engine: Engine) -> bool:
+    """Whether a version 4 rollup table (a row per series and bucket) is still there."""
+    with transaction(engine, write=False) as conn:
+        inspector = inspect(conn)
+        return any(inspector.has_table(name) for name in t.LEGACY_ROLLUP_TABLES)
+
+
+def rollup_rows_to_chunks(engine: Engine, *, lock_key: int, batch_series: int = 500) -> int:
+    """Move every row of the version 4 rollup tables into rollup chunks, then drop those
+    tables; returns rows moved.
+
+    A bounded batch of whole series per transaction, the chunks compressed and inserted with
+    write sequence 0 (older than any rollup written afterwards) and the rows deleted in the
+    same transaction: an interrupted upgrade resumes where it stopped, and readers of the new
+    schema never see a bucket twice.
+    """
+    moved = 0
+    for name, table in t.LEGACY_ROLLUP_TABLES.items():
+        res = ROLLUP_1H_MS if name.endswith("1h") else ROLLUP_5M_MS
+        while True:
+            with transaction(engine, write=True) as conn:
+                advisory_lock(conn, lock_key)
+                if not inspect(conn).has_table(name):
+                    break  # another process finished it
+                ids = [int(r[0]) for r in conn.execute(text(
+                    f"SELECT DISTINCT series_id FROM {name} ORDER BY series_id LIMIT :n"
+                ), {"n": batch_series})]
+                if not ids:
+                    conn.execute(text(f"DROP TABLE {name}"))
+                    log.info("store: schema upgrade: %s moved into %s", name, table.name)
+                    break
+                rows = conn.execute(text(
+                    f'SELECT series_id, ts, "min", "max", "sum", "count", "last" FROM {name} '
+                    f"WHERE series_id BETWEEN :lo AND :hi ORDER BY series_id, ts"
+                ), {"lo": ids[0], "hi": ids[-1]}).all()
+                cols = list(zip(*rows, strict=True))
+                f64 = [np.array(c, np.float64) for c in cols[2:]]
+                found = rc.Rows(np.array(cols[0], np.int64), np.array(cols[1], np.int64),
+                                f64[0], f64[1], f64[2], np.array(cols[5], np.int64), f64[4])
+                insert_chunks(conn, rc.compress(rc.encode(found, res), res), 0,
+                              table=table.name)
+                conn.execute(text(f"DELETE FROM {name} WHERE series_id BETWEEN :lo AND :hi"),
+                             {"lo": ids[0], "hi": ids[-1]})
+                moved += len(rows)
+    return moved
+
+
 def recompress_chunks(conn: Connection) -> int | None:
     """Mark every window from the oldest chunk's for compaction again, so that maintenance
     compresses the raw chunks of a version 3 (or older) database; returns that window, or None
@@ -103,8 +158,8 @@ def recompress_chunks(conn: Connection) -> int | None:
     marked = get_meta(conn, COMPACT_REWIND)
     if marked is None or window < int(marked):
         set_meta(conn, COMPACT_REWIND, str(window))
-    log.info("store: schema upgrade: raw sample chunks from %d ms on will be compressed by "
-             "maintenance", window)
+    log.info("store: schema upgrade: sample chunks from %d ms on will be compacted again "
+             "(compressed, merged into spans) by maintenance", window)
     return window
 
 
@@ -147,11 +202,14 @@ class Migrations:
                 )
             if has_legacy_samples(self._engine):
                 samples_to_chunks(self._engine, lock_key=PG_LOCK_SCHEMA)
+            if has_legacy_rollups(self._engine):
+                rollup_rows_to_chunks(self._engine, lock_key=PG_LOCK_SCHEMA)
             if stored is not None and int(stored) < t.SCHEMA_VERSION:
                 with transaction(self._engine, write=True) as conn:
                     advisory_lock(conn, PG_LOCK_SCHEMA)
-                    if int(stored) < 4:
+                    if int(stored) < 5:
                         # Under the lock, with the bump: a second process upgrading at once
-                        # finds version 4 and marks nothing twice (harmless anyway).
+                        # finds version 5 and marks nothing twice (harmless anyway).  From
+                        # version 4, compaction merges the hour chunks into 6 h spans.
                         recompress_chunks(conn)
                     set_meta(conn, "schema_version", str(t.SCHEMA_VERSION))

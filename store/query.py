@@ -24,8 +24,8 @@ from sqlalchemy import BigInteger, Connection, Table, cast, func, literal, selec
 
 from tritonwatch.schemas import tables as t
 from tritonwatch.schemas.samples import Labels, label_value, labels_json, make_labels
-from tritonwatch.store import samplelog
-from tritonwatch.store.chunks import Merged, decode, last_writes, merge, run_bounds, window_start
+from tritonwatch.store import rollup_chunks, samplelog
+from tritonwatch.store.chunks import Merged, decode, last_writes, merge, run_bounds, span_start
 from tritonwatch.store.errors import LimitExceeded
 from tritonwatch.store.values import SeriesColumns, SeriesKey
 
@@ -35,8 +35,8 @@ AGGS: frozenset[str] = frozenset({"avg", "min", "max", "sum", "count", "last"})
 # Bound parameters per IN list: far below SQLite's 32766 and psycopg's 65535 limits.
 _ID_CHUNK = 500
 
-ROLLUP_5M_MS = 300_000
-ROLLUP_1H_MS = 3_600_000
+ROLLUP_5M_MS = rollup_chunks.ROLLUP_5M_MS
+ROLLUP_1H_MS = rollup_chunks.ROLLUP_1H_MS
 
 Candidates = Sequence[tuple[int, SeriesKey]]
 
@@ -189,14 +189,14 @@ def raw_samples(conn: Connection, ids: Sequence[int], *, lo_ms: int, hi_ms: int)
     The log's chunks are read first, then the stored chunks in one statement (one snapshot even
     while compaction replaces them): a transposition committed in between moves log rows into
     chunks already read as log, which the merge then holds twice and keeps once, rather than
-    out of a log not yet read.  Bounded below by the window of ``lo_ms``: no chunk crosses a
-    window.
+    out of a log not yet read.  Bounded below by the span of ``lo_ms``: no chunk crosses a
+    span (``store.chunks``).
     """
     logged = samplelog.read(conn, ids, lo_ms=lo_ms, hi_ms=hi_ms)
     c = t.sample_chunks.c
     query = select(c.series_id, c.start_ms, c.seq, c.n, c.data).where(
         c.series_id.in_(ids),
-        c.start_ms >= window_start(lo_ms),
+        c.start_ms >= span_start(lo_ms),
         c.start_ms <= hi_ms,
         c.end_ms >= lo_ms,
     )
@@ -397,40 +397,60 @@ def _parts(
 ) -> _Parts:
     if table is t.sample_chunks:
         return _raw_parts(conn, ids, lo_ms=lo_ms, hi_ms=hi_ms, step_ms=step_ms, agg=agg)
+    res = ROLLUP_1H_MS if table is t.rollup_chunks_1h else ROLLUP_5M_MS
+    rows = read_rollups(conn, table, ids, lo_ms=lo_ms, hi_ms=hi_ms, res=res,
+                        columns=_ROLLUP_COLUMNS_FOR[agg])
+    b = rows.ts // step_ms * step_ms
+    starts, ends = run_bounds(rows.ids, b)
+    sids, buckets = rows.ids[starts], b[starts]
+    if not len(starts):
+        return _Parts(sids, buckets, np.empty(0), np.empty(0))
+    with np.errstate(invalid="ignore", over="ignore"):
+        if agg == "avg":
+            return _Parts(sids, buckets, np.add.reduceat(rows.sum, starts),
+                          np.add.reduceat(rows.n, starts).astype(np.float64))
+        if agg == "sum":
+            x = np.add.reduceat(rows.sum, starts)
+        elif agg == "count":
+            x = np.add.reduceat(rows.n, starts).astype(np.float64)
+        elif agg == "min":
+            x = np.minimum.reduceat(rows.min, starts)
+        elif agg == "max":
+            x = np.maximum.reduceat(rows.max, starts)
+        else:  # last: the newest row's timestamp and value
+            return _Parts(sids, buckets, rows.ts[ends - 1].astype(np.float64),
+                          rows.last[ends - 1])
+    return _Parts(sids, buckets, x, x)
+
+
+#: The rollup columns each aggregation reads (``ts`` always).
+_ROLLUP_COLUMNS_FOR = {
+    "avg": ("sum", "count"), "sum": ("sum",), "count": ("count",), "min": ("min",),
+    "max": ("max",), "last": ("last",),
+}
+
+
+def read_rollups(
+    conn: Connection, table: Table, ids: Sequence[int], *, lo_ms: int, hi_ms: int, res: int,
+    columns: tuple[str, ...] = rollup_chunks.COLUMNS,
+) -> rollup_chunks.Rows:
+    """Rollup rows of the series ``ids`` with ``ts`` in ``[lo_ms, hi_ms]`` from a rollup chunk
+    table of resolution ``res``: one range scan per batch of ids, the last write of each
+    bucket kept (``store.rollup_chunks``)."""
     c = table.c
-    bucket = (c.ts // step_ms) * step_ms
-    cols: list[Any] = [c.series_id, c.ts, bucket.label("b")]
-    cols += [c["min"], c["max"], c["sum"], c["count"]]
-    if agg == "last":
-        # The value of the newest row in each bucket, computed once per partition.
-        newest = func.first_value(c["last"]).over(
-            partition_by=(c.series_id, c.ts // step_ms), order_by=c.ts.desc()
-        )
-        cols.append(newest.label("newest"))
-    inner = select(*cols).where(c.series_id.in_(ids), c.ts >= lo_ms, c.ts <= hi_ms).subquery()
-    i = inner.c
-    aggs: list[Any]
-    if agg == "avg":
-        aggs = [func.sum(i["sum"]), _total(i["count"])]
-    elif agg == "sum":
-        aggs = [func.sum(i["sum"])]
-    elif agg == "count":
-        aggs = [_total(i["count"])]
-    elif agg == "min":
-        aggs = [func.min(i["min"])]
-    elif agg == "max":
-        aggs = [func.max(i["max"])]
-    else:  # last
-        aggs = [func.max(i.ts), func.max(i.newest)]
-    rows = conn.execute(select(i.series_id, i.b, *aggs).group_by(i.series_id, i.b)).all()
-    n = len(rows)
-    # A NULL (SQLite stores a NaN as one) reads as NaN, as the raw path gives it.
-    a = np.fromiter((_float(r[2]) for r in rows), np.float64, n)
-    return _Parts(
-        np.fromiter((r[0] for r in rows), np.int64, n),
-        np.fromiter((r[1] for r in rows), np.int64, n),
-        a,
-        np.fromiter((_float(r[3]) for r in rows), np.float64, n) if len(aggs) > 1 else a,
+    rows = conn.execute(select(c.series_id, c.start_ms, c.seq, c.n, c.end_ms, c.data).where(
+        c.series_id.in_(ids),
+        c.start_ms >= rollup_chunks.window_start(lo_ms, res),
+        c.start_ms <= hi_ms,
+        c.end_ms >= lo_ms,
+    )).all()
+    if not rows:
+        return rollup_chunks.empty()
+    sids, starts, seqs, ns, ends, blobs = zip(*rows, strict=True)
+    return rollup_chunks.decode(
+        np.array(sids, np.int64), np.array(seqs, np.int64), np.array(starts, np.int64),
+        np.array(ns, np.int64), list(blobs), lo_ms=lo_ms, hi_ms=hi_ms, columns=columns,
+        ends=np.array(ends, np.int64), res=res,
     )
 
 
@@ -451,7 +471,7 @@ def plan_sources(
     """
     plan: list[tuple[Table, int, int]] = []
     cursor = lo_ms
-    for res, table in ((ROLLUP_1H_MS, t.rollups_1h), (ROLLUP_5M_MS, t.rollups_5m)):
+    for res, table in ((ROLLUP_1H_MS, t.rollup_chunks_1h), (ROLLUP_5M_MS, t.rollup_chunks_5m)):
         wm = watermarks.get(res)
         if step_ms % res or wm is None or cursor > hi_ms:
             continue
@@ -528,14 +548,21 @@ def count_rows(conn: Connection, table: Table, ids: list[int], *, lo_ms: int, hi
         c = table.c
         stmt = select(_total(c.n)).where(
             c.series_id.in_(ids),
-            c.start_ms >= window_start(lo_ms),
+            c.start_ms >= span_start(lo_ms),
             c.start_ms <= hi_ms,
             c.end_ms >= lo_ms,
         )
         logged = samplelog.count_read(conn, ids, lo_ms=lo_ms, hi_ms=hi_ms)
         return logged + int(conn.execute(stmt).scalar_one_or_none() or 0)
-    stmt = select(func.count()).select_from(table).where(
-        table.c.series_id.in_(ids), table.c.ts >= lo_ms, table.c.ts <= hi_ms)
+    # Rollup chunks: every bucket of the chunks the read decodes.
+    res = ROLLUP_1H_MS if table is t.rollup_chunks_1h else ROLLUP_5M_MS
+    c = table.c
+    stmt = select(_total(c.n)).where(
+        c.series_id.in_(ids),
+        c.start_ms >= rollup_chunks.window_start(lo_ms, res),
+        c.start_ms <= hi_ms,
+        c.end_ms >= lo_ms,
+    )
     return int(conn.execute(stmt).scalar_one_or_none() or 0)
 
 

@@ -10,9 +10,11 @@ from __future__ import annotations
 import logging
 from contextlib import nullcontext
 
+import numpy as np
 from sqlalchemy import Engine, Table, delete, exists, select, tuple_
 
 from tritonwatch.schemas import tables as t
+from tritonwatch.store import rollup_chunks as rc
 from tritonwatch.store.chunks import I64_MAX, compress, encode
 from tritonwatch.store.engine import transaction
 from tritonwatch.store.maintenance import (
@@ -38,33 +40,56 @@ log = logging.getLogger(__name__)
 # Straddling chunks rewritten per transaction (3 bound parameters each).
 _CUT_BATCH = 1000
 
-def _delete_before(
-    engine: Engine, table: Table, cutoff_ms: int, *, batch_rows: int, gate: Gate, stop: Stop
+def _delete_rollups_before(
+    engine: Engine, table: Table, res: int, cutoff_ms: int, *, batch_rows: int, gate: Gate,
+    stop: Stop,
 ) -> int:
-    """Delete rows with ``ts < cutoff_ms``, at most ``batch_rows`` per transaction.
+    """Delete the rollup buckets of ``table`` (resolution ``res``) starting before
+    ``cutoff_ms``; returns how many.
 
-    Walks the series ids so that every statement is a range scan of the primary key
-    ``(series_id, ts)``: no index on ``ts`` alone is needed, which would cost every insert.
+    As :func:`_delete_chunks_before` does for samples: chunks wholly before the cutoff go, at
+    most ``batch_rows`` per transaction, walking the series ids (range scans of the primary
+    key); a chunk straddling it is rewritten with its buckets from the cutoff on, same ``seq``.
     """
     with transaction(engine, write=False) as conn:
         ids = series_ids(conn)
     c = table.c
+    key = tuple_(c.series_id, c.start_ms, c.seq)
     deleted = 0
     for i in range(0, len(ids), ID_BATCH):
-        chunk = ids[i : i + ID_BATCH].tolist()
+        batch = ids[i : i + ID_BATCH].tolist()
+        old = (c.series_id.in_(batch), c.start_ms < cutoff_ms)
         while True:
             if stop():
                 raise Stopped
-            victims = (
-                select(c.series_id, c.ts)
-                .where(c.series_id.in_(chunk), c.ts < cutoff_ms)
-                .limit(batch_rows)
-            )
+            victims = select(c.series_id, c.start_ms, c.seq).where(*old, c.end_ms < cutoff_ms)
             with gate, transaction(engine, write=True) as conn:
-                result = conn.execute(delete(table).where(tuple_(c.series_id, c.ts).in_(victims)))
-            count = max(result.rowcount, 0)
-            deleted += count
-            if count < batch_rows:
+                advisory_lock(conn, PG_LOCK_ROLLUP)
+                stmt = delete(table).where(key.in_(victims.limit(batch_rows)))
+                counts = conn.execute(stmt.returning(c.n)).scalars().all()
+            deleted += sum(counts)
+            if len(counts) < batch_rows:
+                break
+        while True:
+            if stop():
+                raise Stopped
+            with gate, transaction(engine, write=True) as conn:
+                advisory_lock(conn, PG_LOCK_ROLLUP)
+                rows = conn.execute(
+                    select(c.series_id, c.start_ms, c.seq, c.n, c.data)
+                    .where(*old, c.end_ms >= cutoff_ms)
+                    .limit(_CUT_BATCH)
+                ).all()
+                if rows:
+                    conn.execute(delete(table).where(key.in_([tuple(r[:3]) for r in rows])))
+                for sid, start, seq, n, data in rows:
+                    kept = rc.decode(np.array([sid], np.int64), np.array([seq], np.int64),
+                                     np.array([start], np.int64), np.array([n], np.int64),
+                                     [data], lo_ms=cutoff_ms, hi_ms=I64_MAX)
+                    deleted += n - len(kept)
+                    insert_chunks(conn, rc.compress(rc.encode(kept, res), res), seq,
+                                  table=table.name)
+            if len(rows) < _CUT_BATCH:
                 break
     return deleted
 
@@ -134,7 +159,7 @@ def delete_empty_series(engine: Engine, *, resolved_before_ms: int) -> int:
     s = t.series
     empty = [
         ~exists().where(table.c.series_id == s.c.id)
-        for table in (t.sample_chunks, t.rollups_5m, t.rollups_1h)
+        for table in (t.sample_chunks, t.rollup_chunks_5m, t.rollup_chunks_1h)
     ]
     logged = t.sample_log.c
     empty.append(~exists().where(logged.target == s.c.target, logged.name == s.c.name))
@@ -185,12 +210,13 @@ def apply_retention(
     deleted = _delete_chunks_before(
         engine, raw_cutoff, batch_rows=batch_rows, gate=gate, stop=stop
     )
-    deleted += _delete_before(
-        engine, t.rollups_5m, cutoff_5m, batch_rows=batch_rows, gate=gate, stop=stop
-    )
-    deleted += _delete_before(
-        engine, t.rollups_1h, now_ms - rollup_1h_ms, batch_rows=batch_rows, gate=gate,
+    deleted += _delete_rollups_before(
+        engine, t.rollup_chunks_5m, ROLLUP_5M_MS, cutoff_5m, batch_rows=batch_rows, gate=gate,
         stop=stop,
+    )
+    deleted += _delete_rollups_before(
+        engine, t.rollup_chunks_1h, ROLLUP_1H_MS, now_ms - rollup_1h_ms, batch_rows=batch_rows,
+        gate=gate, stop=stop,
     )
     with transaction(engine, write=True) as conn:
         # Transitions are tiny; keep them as long as the longest-lived data.

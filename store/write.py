@@ -349,8 +349,12 @@ _SQLITE_ROWS = 16_384
 _COPY_ROWS = 65_536
 
 
-def insert_chunks(conn: Connection, chunks: Encoded, seq: int | npt.NDArray[np.int64]) -> None:
-    """Insert ``chunks`` with write sequence ``seq`` (one for all, or one per chunk).
+def insert_chunks(
+    conn: Connection, chunks: Encoded, seq: int | npt.NDArray[np.int64], *,
+    table: str = "sample_chunks",
+) -> None:
+    """Insert ``chunks`` with write sequence ``seq`` (one for all, or one per chunk) into
+    ``table`` (``sample_chunks``, or a rollup chunk table of the same columns).
 
     Plain inserts: the caller guarantees the keys are new.  SQLite: one ``executemany``.
     PostgreSQL: one binary COPY (:func:`copy_stream`: 62 bytes of row header per chunk, then
@@ -367,7 +371,7 @@ def insert_chunks(conn: Connection, chunks: Encoded, seq: int | npt.NDArray[np.i
         for lo in range(0, len(chunks), _SQLITE_ROWS):
             hi = lo + _SQLITE_ROWS
             raw.executemany(
-                "INSERT INTO sample_chunks (series_id, start_ms, seq, end_ms, n, data) "
+                f"INSERT INTO {table} (series_id, start_ms, seq, end_ms, n, data) "
                 "VALUES (?, ?, ?, ?, ?, ?)",
                 zip(chunks.ids[lo:hi].tolist(), chunks.start_ms[lo:hi].tolist(),
                     seq_all[lo:hi].tolist(), chunks.end_ms[lo:hi].tolist(),
@@ -375,7 +379,7 @@ def insert_chunks(conn: Connection, chunks: Encoded, seq: int | npt.NDArray[np.i
             )
         return
     with raw.cursor() as cur, cur.copy(
-        "COPY sample_chunks (series_id, start_ms, seq, end_ms, n, data) FROM STDIN "
+        f"COPY {table} (series_id, start_ms, seq, end_ms, n, data) FROM STDIN "
         "(FORMAT BINARY)"
     ) as cp:
         cp.write(PG_COPY_HEADER)

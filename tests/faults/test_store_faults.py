@@ -42,9 +42,10 @@ from tests.fixtures_http import FakeTargets, free_port, serve_fake_targets
 from tests.fixtures_pg import running_postgres
 from tests.store_sql import raw_engine
 from tritonwatch import serve as serve_mod
+from tritonwatch.schemas import tables as t
 from tritonwatch.schemas.config import DEFAULT_STORE_URL, validate_config
 from tritonwatch.schemas.samples import Sample, make_labels
-from tritonwatch.store import Query, Store, StoreError, engine, open_store
+from tritonwatch.store import Query, Store, StoreError, engine, maintenance, open_store
 from tritonwatch.store.maintenance import ROLLUP_GRACE_MS, WATERMARK_5M, get_meta
 from tritonwatch.store.query import ROLLUP_5M_MS
 
@@ -334,7 +335,7 @@ def _expected(agg: str) -> dict[str, list[float]]:
 
 
 def _rollups(store: Store, agg: Any) -> dict[str, list[float]]:
-    # step = 5 m over completed, rolled-up buckets: served from rollups_5m.
+    # step = 5 m over completed, rolled-up buckets: served from rollup_chunks_5m.
     data = store.read(Query("x", start=T0, end=T0 + HOURS * 3600 - 0.001, step=300,
                             agg=agg)).series()
     return {dict(d.key.labels)["i"]: list(d.values) for d in data}
@@ -361,14 +362,34 @@ def _stop_after(store: Store, prefix: str, count: int) -> list[int]:
     return seen
 
 
+def _stop_after_rollup_writes(store: Store, monkeypatch: pytest.MonkeyPatch,
+                              count: int) -> list[int]:
+    """Ask ``store`` to stop once the 5 m rollup has written ``count`` batches of series (its
+    chunks go in through the driver's executemany or COPY, which statement events miss)."""
+    seen = [0]
+    real = maintenance._insert_rollups
+
+    def counting(conn: Any, dst: Any, rows: Any, res: int, seq: int | None) -> int:
+        written = real(conn, dst, rows, res, seq)
+        if dst is t.rollup_chunks_5m and written:
+            seen[0] += 1
+            if seen[0] == count:
+                store.maintenance.request_stop()
+        return written
+
+    monkeypatch.setattr(maintenance, "_insert_rollups", counting)
+    return seen
+
+
 def test_a_maintenance_run_over_a_large_store_stops_at_a_batch_boundary_and_resumes_intact(
-        store_url: str, caplog: pytest.LogCaptureFixture) -> None:
+        store_url: str, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     store = open_store(store_url)
     store.migrations.apply()
     try:
         _fill(store)
         # Stop during the second 6-hour step of the 5 m rollup, after its first batch of series.
-        seen = _stop_after(store, "INSERT INTO ROLLUPS_5M", 4)
+        seen = _stop_after_rollup_writes(store, monkeypatch, 4)
         now = T0 + HOURS * 3600 + 3600  # every bucket complete
         with caplog.at_level(logging.INFO, logger="tritonwatch.store"):
             store.maintenance.rollup(now)

@@ -554,6 +554,37 @@ def test_compaction_merges_an_hour_into_one_chunk_per_series(store: Store) -> No
     assert len(_chunk_rows(store)) == 2
 
 
+def test_compaction_merges_a_completed_span_of_hours_into_one_chunk_per_series(
+    store: Store,
+) -> None:
+    span = T // (ck.SPAN_MS // 1000) * (ck.SPAN_MS // 1000)
+    hours = ck.SPAN_MS // 3_600_000
+    for k in range(hours * 120):  # 30 s scrapes
+        store.write("t", span + k * 30, [Sample("x", _labels(i), float(k % 7 + i))
+                                         for i in range(2)])
+        if k % 40 == 39:
+            store.flush()
+    store.flush()
+    end = span + hours * 3600
+    expected = store.read(Query("x", start=span, end=end)).series()
+    store.maintenance.rollup(end - 3600 + 600)  # all hours but the last compacted
+    rows = _chunk_rows(store)
+    assert all(a // 3_600_000 == b // 3_600_000 for a, b, _ in rows), rows  # hour chunks
+    assert len(rows) > 2 * (hours - 1)
+    store.maintenance.rollup(end + 600)  # the span's last hour: the span merged
+    assert _chunk_rows(store) == [(span * 1000, (end - 30) * 1000, hours * 120)] * 2
+    assert store.read(Query("x", start=span, end=end)).series() == expected
+    # Late samples into the merged span: an hour chunk of their own, then merged again,
+    # winning over the span's values.
+    store.write("t", span + 3600, [Sample("x", _labels(0), -1.0)])
+    store.flush()
+    store.maintenance.rollup(end + 600)
+    assert [n for _, _, n in _chunk_rows(store)] == [hours * 120] * 2
+    (got,) = store.read(Query("x", start=span + 3600, end=span + 3600,
+                              match={"i": "0"})).series()
+    assert got.values == (-1.0,)
+
+
 def test_compaction_racing_a_late_flush_loses_nothing(
     make_store: Callable[..., Store], monkeypatch: pytest.MonkeyPatch
 ) -> None:
