@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import tritonwatch.alerts.defaults
-from tests.alerts.scenarios import HISTORY_S, SPAN_S, T0, Scenario, samples
+from tests.alerts.scenarios import HISTORY_S, SPAN_S, T0, Scenario, configs, samples
 from tests.alerts.test_history import CountingStore
 from tritonwatch.alerts.availability import FailureRatioSpikeRule, sums_counts
 from tritonwatch.alerts.capacity import KvCacheForecastRule
@@ -32,6 +32,9 @@ def load(store: Store, *scs: Scenario, seed: int = 1) -> None:
         for ts, ss in samples(sc, rng):
             store.write(sc.target, ts, ss)
     store.flush()
+    for sc in scs:
+        for model, config, at in configs(sc):
+            store.put_model_config(sc.target, model, config, at)
 
 
 def rule(name: str, spec: DefaultsSpec | None = None) -> Rule:
