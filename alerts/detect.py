@@ -94,7 +94,7 @@ from tritonwatch.alerts.grouping import (
     load_match,
     load_names,
     matches,
-    summed_median,
+    summed,
 )
 from tritonwatch.alerts.model import Rule
 from tritonwatch.alerts.moved import likely_cause, related_moves
@@ -253,15 +253,21 @@ class _RecentLoad:
                 self._by_target[t].append((lbl, larr))
 
     def median(self, key: GroupKey) -> float | None:
-        """Median over the window of the instance's load (summed over its series)."""
+        """Median over the window of the instance's load (summed over its series); None
+        when fewer than ``min_points`` buckets have load (a model unloaded for most of the
+        window: the median of the one bucket before it is no measure of the load its GPU's
+        buckets saw)."""
         if self.cache.recent_load is None:
             return None
         self._read()
         assert self._by_target is not None
         target, labels = key
         want = load_match(labels)
-        return summed_median([larr for lbl, larr in self._by_target.get(target, [])
-                               if matches(lbl, want)])
+        total = summed([larr for lbl, larr in self._by_target.get(target, [])
+                        if matches(lbl, want)])
+        if total is None or int((~np.isnan(total)).sum()) < self.cache.spec.min_points:
+            return None
+        return float(np.median(total[~np.isnan(total)]))
 
 
 @dataclass(frozen=True)
