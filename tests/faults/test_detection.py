@@ -27,7 +27,7 @@ from tritonwatch.store import Store
 START = T0 + HISTORY_S
 
 
-def annotations(store: Store, rule_name: str, now: float) -> dict[str, str]:
+def alert_annotations(store: Store, rule_name: str, now: float) -> dict[str, str]:
     """The annotations of the one candidate ``rule_name`` finds at ``now`` (a fresh rule)."""
     (rule,) = [r for r in default_rules(None) if r.name == rule_name]
     (cand,) = rule.evaluate(store, now)
@@ -64,7 +64,7 @@ def test_kv_cache_without_requests_in_flight_falls_back_to_request_rate_and_says
     got = replay_builtin(store, ("kv_cache_regression",), START, onset + 1800)
     assert [a.alertname for a in got] == ["KVCacheRegression"], got
     assert onset < got[0].fired_at <= onset + 600
-    ann = annotations(store, "kv_cache_regression", onset + 900)
+    ann = alert_annotations(store, "kv_cache_regression", onset + 900)
     assert ann["load_driver"] == ("request rate (sli:request_rate + sli:failure_rate) "
                                   "(requests in flight (sli:llm_active_requests) absent)")
     assert "request rate" in ann["description"]
@@ -76,7 +76,7 @@ def test_kv_cache_regression_at_the_same_requests_in_flight_fires_and_names_its_
     load(store, Scenario("kv_filling", 60.0, 0, onset, math.pi))
     got = replay_builtin(store, ("kv_cache_regression",), START, onset + 1800)
     assert [a.alertname for a in got] == ["KVCacheRegression"], got
-    ann = annotations(store, "kv_cache_regression", onset + 1500)
+    ann = alert_annotations(store, "kv_cache_regression", onset + 1500)
     assert ann["load_driver"] == "requests in flight (sli:llm_active_requests)"
     assert "requests in flight" in ann["description"]
 
@@ -99,7 +99,7 @@ def test_a_ttft_regression_at_the_same_prompt_tokens_fires_naming_its_driver(
     got = replay_builtin(store, REGRESSIONS, START, onset + 1800)
     assert [a.alertname for a in got] == ["TTFTRegression"], got
     assert onset < got[0].fired_at <= onset + 300
-    ann = annotations(store, "ttft_regression", onset + 900)
+    ann = alert_annotations(store, "ttft_regression", onset + 900)
     assert ann["load_driver"] == "prompt-token rate (sli:prompt_tokens_rate)"
     assert "tokens/s" in ann["description"]
 
@@ -117,7 +117,7 @@ def test_a_config_change_or_reload_that_regresses_fires_since_it(
     assert [a.alertname for a in got] == ["BatchFillRateRegression"], got
     assert onset < got[0].fired_at <= onset + 300
     assert got[0].labels["version"] == "1"  # the same version: no version deploy
-    ann = annotations(store, "batch_fill_rate_regression", onset + 600)
+    ann = alert_annotations(store, "batch_fill_rate_regression", onset + 600)
     # A config change at its stored time; a reload when the data came back (its bucket).
     at = onset if kind == "config_bad" else math.floor(onset / 60) * 60
     assert f"vs before, {says} {hhmm(at)} UTC" in ann["summary"], ann["summary"]
@@ -137,7 +137,7 @@ def test_a_config_stored_long_ago_is_no_event(store: Store) -> None:
     # judged against the trailing baseline, and says so.
     onset = START + 20.5 * 60
     load(store, Scenario("fill_drop", 0.3, 0, onset))
-    ann = annotations(store, "batch_fill_rate_regression", onset + 600)
+    ann = alert_annotations(store, "batch_fill_rate_regression", onset + 600)
     assert "since" not in ann["summary"] and "deploy_event" not in ann, ann["summary"]
 
 
@@ -150,7 +150,7 @@ def test_gpu_efficiency_regression_names_the_throttle_reason(store: Store) -> No
     load(store, Scenario("gpu_util_rise", 0.4, 0, onset, math.pi - 2 * math.pi * onset / 86400))
     got = replay_builtin(store, REGRESSIONS, START, onset + 1800)
     assert [a.alertname for a in got] == ["GPUEfficiencyRegression"], got
-    ann = annotations(store, "gpu_efficiency_regression", onset + 900)
+    ann = alert_annotations(store, "gpu_efficiency_regression", onset + 900)
     cause = ann["likely_cause"]
     # (This fresh rule's baseline ends 10 minutes after the onset: 4 % of it throttled.)
     assert re.match(r"GPU throttled: HW slowdown \(thermal\) 100 % of the window "
@@ -175,7 +175,7 @@ def test_throttling_that_did_not_change_is_no_cause(store: Store) -> None:
         ts += 30.0
         k += 1
     store.flush()
-    ann = annotations(store, "gpu_efficiency_regression", onset + 900)
+    ann = alert_annotations(store, "gpu_efficiency_regression", onset + 900)
     assert "GPU throttled" not in ann["likely_cause"], ann["likely_cause"]
     assert re.search(r"GPU throttled: SW power cap \d+ % of the window \(50 % before\)",
                      ann["description"]), ann["description"]
