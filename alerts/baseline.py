@@ -118,6 +118,9 @@ class HeldBaseline:
         return math.exp(self.model.center) if self.model.has_load else None
 
 
+#: What the trailing window says of an instance's reloads (``BaselineCache._window_facts``).
+_Facts = tuple[npt.NDArray[np.float64] | None, tuple[float, float] | None, tuple[float] | None]
+
 #: Load histories shared by the regression rules of one rules file (see :class:`BaselineCache`).
 SharedLoads = dict[tuple[Any, ...], BucketHistory | RecentBuckets]
 
@@ -154,6 +157,7 @@ class BaselineCache:
         #: ``{(target, model): config time}``, read once per quantum when first needed.
         self._config_times: dict[tuple[str, str], float] | None = None
         self._event_models: dict[tuple[str, GroupKey, float], LoadModel | None] = {}
+        self._facts: dict[GroupKey, _Facts] = {}
         self._load: dict[str, BucketHistory] = {}
         self._shared_loads: SharedLoads = {} if loads is None else loads
         # The recent window: its buckets older than a grace are kept too (read once).
@@ -222,6 +226,7 @@ class BaselineCache:
             self._models[kind] = {}
             self._by_target.pop(kind, None)
             self._config_times = None
+            self._facts = {}
             self._event_models = {k: v for k, v in self._event_models.items() if k[0] != kind}
         if self.fallback is not None:
             self.fallback.refresh(store, kind, window)
@@ -265,29 +270,18 @@ class BaselineCache:
     def _own_events(self, store: Store, key: GroupKey, now: float, first_recent: float
                     ) -> list[DeployEvent]:
         """Config change and reload of ``key`` (the trailing window's history of it)."""
-        hist = self._series.get("trailing")
-        row = hist.row(key) if hist is not None else None
-        if row is None or hist is None or hist.lo is None:
+        facts = self._facts.get(key)
+        if facts is None:  # once per quantum per instance: the window's data moves with it
+            facts = self._facts[key] = self._window_facts(key)
+        stamps, inner, tail = facts
+        if stamps is None:
             return []
-        step = self.spec.step
-        seen = np.flatnonzero(~np.isnan(row))
-        if len(seen) < self.spec.min_points:
-            return []
-        stamps = hist.lo + step * seen
         out: list[DeployEvent] = []
         # A reload: a hole of RELOAD_GAP_S or more between data inside the window, or at its
         # end (the data came back in the recent window).  The minutes between the window's
         # end and the recent window's start are in neither, and no hole.
-        reload: tuple[float, float, int] | None = None  # (back, before, buckets before)
-        gaps = np.flatnonzero(np.diff(stamps) > RELOAD_GAP_S + step / 2)
-        if len(gaps):
-            g = int(gaps[-1])
-            reload = (float(stamps[g + 1]), float(stamps[g]) + step, g + 1)
-        assert hist.hi is not None
-        if hist.hi - (float(stamps[-1]) + step) >= RELOAD_GAP_S:
-            reload = (first_recent, float(stamps[-1]) + step, len(stamps))
-        if (reload is not None and now - reload[0] <= DEPLOY_WINDOW_S
-                and reload[2] >= self.spec.min_points):
+        reload = (first_recent, *tail) if tail is not None else inner
+        if reload is not None and now - reload[0] <= DEPLOY_WINDOW_S:
             out.append(DeployEvent("reload", reload[0], key, reload[1]))
         model = dict(key[1]).get("model")
         if model is not None:
@@ -298,6 +292,29 @@ class BaselineCache:
                     and int((stamps < at).sum()) >= self.spec.min_points):
                 out.append(DeployEvent("config", at, key, at))
         return out
+
+    def _window_facts(self, key: GroupKey) -> _Facts:
+        """The trailing window's bucket stamps with data of ``key`` (None: fewer than
+        ``min_points``), its last inner hole as ``(back, before)`` and its empty tail as
+        ``(before,)``, each only when long enough and with ``min_points`` buckets before it."""
+        hist = self._series.get("trailing")
+        row = hist.row(key) if hist is not None else None
+        if row is None or hist is None or hist.lo is None or hist.hi is None:
+            return None, None, None
+        step = self.spec.step
+        seen = np.flatnonzero(~np.isnan(row))
+        if len(seen) < self.spec.min_points:
+            return None, None, None
+        stamps: npt.NDArray[np.float64] = (hist.lo + step * seen).astype(np.float64)
+        inner: tuple[float, float] | None = None
+        gaps = np.flatnonzero(np.diff(stamps) > RELOAD_GAP_S + step / 2)
+        if len(gaps) and int(gaps[-1]) + 1 >= self.spec.min_points:
+            g = int(gaps[-1])
+            inner = (float(stamps[g + 1]), float(stamps[g]) + step)
+        tail: tuple[float] | None = None
+        if hist.hi - (float(stamps[-1]) + step) >= RELOAD_GAP_S:
+            tail = (float(stamps[-1]) + step,)
+        return stamps, inner, tail
 
     def event_model(self, kind: str, ev: DeployEvent) -> LoadModel | None:
         """The load model of ``ev``'s baseline: the previous version's over ``kind``'s window,
