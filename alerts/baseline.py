@@ -37,6 +37,7 @@ from tritonwatch.alerts.grouping import GroupKey, load_match, load_names, matche
 from tritonwatch.alerts.history import BucketHistory, RecentBuckets, ceil_to, floor_to, quantum_for
 from tritonwatch.alerts.stats import LoadModel, fit_load_model
 from tritonwatch.schemas.regressions import RegressionSpec
+from tritonwatch.store import Query
 
 if TYPE_CHECKING:
     from tritonwatch.store import Store
@@ -119,7 +120,8 @@ class HeldBaseline:
 
 
 #: What the trailing window says of an instance's reloads (``BaselineCache._window_facts``).
-_Facts = tuple[npt.NDArray[np.float64] | None, tuple[float, float] | None, tuple[float] | None]
+_Facts = tuple[npt.NDArray[np.float64] | None, tuple[float, float] | None,
+               tuple[float, float] | None]
 
 #: Load histories shared by the regression rules of one rules file (see :class:`BaselineCache`).
 SharedLoads = dict[tuple[Any, ...], BucketHistory | RecentBuckets]
@@ -279,8 +281,13 @@ class BaselineCache:
         out: list[DeployEvent] = []
         # A reload: a hole of RELOAD_GAP_S or more between data inside the window, or at its
         # end (the data came back in the recent window).  The minutes between the window's
-        # end and the recent window's start are in neither, and no hole.
-        reload = (first_recent, *tail) if tail is not None else inner
+        # end and the recent window's start are in neither: read (rarely: only after an
+        # empty bucket at the window's end) to tell a hole from a window edge.
+        reload = inner
+        if tail is not None and first_recent - tail[0] >= RELOAD_GAP_S and (
+                tail[1] - tail[0] >= RELOAD_GAP_S
+                or self._none_between(store, key, tail[1], first_recent)):
+            reload = (first_recent, tail[0])
         if reload is not None and now - reload[0] <= DEPLOY_WINDOW_S:
             out.append(DeployEvent("reload", reload[0], key, reload[1]))
         model = dict(key[1]).get("model")
@@ -295,8 +302,9 @@ class BaselineCache:
 
     def _window_facts(self, key: GroupKey) -> _Facts:
         """The trailing window's bucket stamps with data of ``key`` (None: fewer than
-        ``min_points``), its last inner hole as ``(back, before)`` and its empty tail as
-        ``(before,)``, each only when long enough and with ``min_points`` buckets before it."""
+        ``min_points``), its last inner hole as ``(back, before)`` (only when long enough and
+        with ``min_points`` buckets before it) and its empty tail as ``(before, window
+        end)`` (one empty bucket or more)."""
         hist = self._series.get("trailing")
         row = hist.row(key) if hist is not None else None
         if row is None or hist is None or hist.lo is None or hist.hi is None:
@@ -311,10 +319,18 @@ class BaselineCache:
         if len(gaps) and int(gaps[-1]) + 1 >= self.spec.min_points:
             g = int(gaps[-1])
             inner = (float(stamps[g + 1]), float(stamps[g]) + step)
-        tail: tuple[float] | None = None
-        if hist.hi - (float(stamps[-1]) + step) >= RELOAD_GAP_S:
-            tail = (float(stamps[-1]) + step,)
+        tail: tuple[float, float] | None = None
+        if hist.hi - (float(stamps[-1]) + step) >= step:
+            tail = (float(stamps[-1]) + step, hist.hi)
         return stamps, inner, tail
+
+    def _none_between(self, store: Store, key: GroupKey, start: float, end: float) -> bool:
+        """Whether ``key``'s series has no point in ``[start, end)``."""
+        want = {**self.spec.match, **dict(key[1])}
+        data = store.read(Query(self.spec.series, start=start, end=end - 1e-3,
+                                step=self.spec.step, agg="avg", match=want,
+                                target=key[0])).series()
+        return not any(sd.values for sd in data)
 
     def event_model(self, kind: str, ev: DeployEvent) -> LoadModel | None:
         """The load model of ``ev``'s baseline: the previous version's over ``kind``'s window,

@@ -124,6 +124,26 @@ def test_a_config_change_or_reload_that_regresses_fires_since_it(
     assert ann["deploy_event"] == ("config" if kind == "config_bad" else "reload")
 
 
+def test_a_reload_is_seen_wherever_it_falls_on_the_five_minute_grid(store: Store) -> None:
+    # The baseline window ends on the 5-minute grid, 0 to 5 minutes before the recent window
+    # starts: a 5-minute hole may lie partly in neither.  At every minute of the grid the
+    # alert still says since the reload (--seed 1 had one that did not).
+    scs = [Scenario("reload_bad", 5.0, k, START + (20.5 + k) * 60) for k in range(5)]
+    load(store, *scs)
+    got = replay_builtin(store, ("batch_fill_rate_regression",), START, START + 3000)
+    assert sorted(a.labels["target"] for a in got) == sorted(sc.target for sc in scs), got
+    (rule,) = [r for r in default_rules(None) if r.name == "batch_fill_rate_regression"]
+    now = START
+    said: dict[str, str] = {}
+    while now <= START + 3000:  # the summary when each first fired
+        for cand in rule.evaluate(store, now):
+            said.setdefault(dict(cand.labels)["target"], dict(cand.annotations)["summary"])
+        now += 60.0
+    for sc in scs:
+        at = hhmm(math.floor(sc.onset / 60) * 60)
+        assert f"since reload at {at} UTC" in said[sc.target], said[sc.target]
+
+
 @pytest.mark.parametrize("kind", ["config_ok", "reload_ok"])
 def test_a_config_change_or_reload_that_does_not_regress_stays_quiet(
         store: Store, kind: str) -> None:
