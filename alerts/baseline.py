@@ -258,15 +258,14 @@ class BaselineCache:
               ) -> DeployEvent | None:
         """The latest deploy event of ``key`` within :data:`DEPLOY_WINDOW_S` of ``now`` (see
         the module docstring), or None.  A config change or reload is judged on the trailing
-        window only (the part before the event); a week-ago baseline gives None for them."""
+        window only (its part before the event), whatever ``kind``: see :meth:`event_model`."""
         found: list[DeployEvent] = []
         dep = self.deploy(kind, key, now, first_recent)
         if dep is not None:
             found.append(DeployEvent("version", dep[1], dep[0], math.inf,
                                      dict(dep[0][1]).get("version", ""),
                                      dict(key[1]).get("version", "")))
-        if kind == "trailing":
-            found += self._own_events(store, key, now, first_recent)
+        found += self._own_events(store, key, now, first_recent)
         return max(found, key=lambda e: e.since) if found else None
 
     def _own_events(self, store: Store, key: GroupKey, now: float, first_recent: float
@@ -337,6 +336,7 @@ class BaselineCache:
         or the instance's own buckets before the event."""
         if ev.what == "version":
             return self.model(kind, ev.previous)
+        kind = "trailing"  # where the event was seen; a week-ago one knows nothing of it
         k = (kind, ev.previous, ev.before)
         if k not in self._event_models:
             row = self._series[kind].row(ev.previous)

@@ -186,6 +186,8 @@ def detect(
         # deploy, config change or reload, its baseline is what served the model before.
         for kind, window in baselines:
             event = use.event(store, kind, key, now, first_recent)
+            if event is not None and event.what != "version" and kind != "trailing":
+                continue  # a config change or reload: against the hours just before it
             model = use.event_model(kind, event) if event is not None else use.model(kind, key)
             if model is None:
                 continue

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -499,3 +500,25 @@ def test_throttle_reasons_rank_with_the_other_signals(store: Store) -> None:
     assert texts[1] == "queue time 15 ms (+50 %)", texts
     cause = likely_cause(moved)
     assert cause.startswith("GPU throttled: HW slowdown (thermal)") and "power cap" not in cause
+
+
+def test_a_config_change_is_judged_against_the_hours_before_it_even_with_a_week_ago(
+        store: Store) -> None:
+    # A week of history exists, and the config changed 10 minutes ago with the fill rate
+    # 40 % lower since: the comparison is with the hours just before the change (not the
+    # week-ago baseline, which knows nothing of it), and the alert says so.
+    fill = step_at(ONSET, 0.6, 0.36)
+    write(store, lambda ts: (fill(ts), 20.0, 0.01))
+    write(store, lambda ts: (0.6, 20.0, 0.01), start=NOW - WEEK_S - 3 * 3600,
+          end=NOW - WEEK_S + 3 * 3600, seed=5)
+    store.put_model_config("t1", "llm", {"name": "llm", "max_batch_size": 4}, ONSET)
+    spec = SPEC.model_copy(update={"baseline": "week_ago"})
+    (f,) = detect(store, spec, NOW)
+    ann = dict(f.candidate.annotations)
+    assert f.baseline_kind == "trailing" and ann["deploy_event"] == "config"
+    assert f"since config change at {time.strftime('%H:%M', time.gmtime(ONSET))} UTC" in (
+        ann["summary"]), ann["summary"]
+    # A config an hour and more old is no event: the week-ago baseline decides.
+    store.put_model_config("t1", "llm", {"name": "llm", "max_batch_size": 8}, NOW - 2 * 3600)
+    (f,) = detect(store, spec, NOW)
+    assert f.baseline_kind == "week_ago" and "deploy_event" not in dict(f.candidate.annotations)
