@@ -158,8 +158,10 @@ class BaselineCache:
                                         "load_fallback": None}), loads, series_of=self)
         #: ``{(target, model): config time}``, read once per quantum when first needed.
         self._config_times: dict[tuple[str, str], float] | None = None
+        #: Per (kind or "regressed", instance, time): event and regression models.
         self._event_models: dict[tuple[str, GroupKey, float], LoadModel | None] = {}
         self._facts: dict[GroupKey, _Facts] = {}
+        self._reverse: RegressionSpec | None = None
         self._load: dict[str, BucketHistory] = {}
         self._shared_loads: SharedLoads = {} if loads is None else loads
         # The recent window: its buckets older than a grace are kept too (read once).
@@ -229,7 +231,8 @@ class BaselineCache:
             self._by_target.pop(kind, None)
             self._config_times = None
             self._facts = {}
-            self._event_models = {k: v for k, v in self._event_models.items() if k[0] != kind}
+            self._event_models = {k: v for k, v in self._event_models.items()
+                                  if k[0] not in (kind, "regressed")}
         if self.fallback is not None:
             self.fallback.refresh(store, kind, window)
 
@@ -330,6 +333,31 @@ class BaselineCache:
                                 step=self.spec.step, agg="avg", match=want,
                                 target=key[0])).series()
         return not any(sd.values for sd in data)
+
+    def regressed_model(self, key: GroupKey, since: float) -> LoadModel | None:
+        """The load model of ``key``'s trailing buckets from ``since`` on (a firing alert's
+        regression itself: what it shows at each load), fitted once per quantum."""
+        k = ("regressed", key, since)
+        if k not in self._event_models:
+            hist = self._series["trailing"]
+            row = hist.row(key)
+            if row is None or hist.lo is None:
+                self._event_models[k] = None
+            else:
+                keep = hist.lo + self.spec.step * np.arange(len(row)) >= since
+                x = self.load_row("trailing", key)
+                self._event_models[k] = fit_load_model(
+                    np.where(keep, row, np.nan),
+                    None if x is None else np.where(keep, x, np.nan), self.spec)
+        return self._event_models[k]
+
+    @property
+    def reverse_spec(self) -> RegressionSpec:
+        """The spec with the other ``direction``: is a firing regression's series back?"""
+        if self._reverse is None:
+            self._reverse = self.spec.model_copy(
+                update={"direction": "up" if self.spec.direction == "down" else "down"})
+        return self._reverse
 
     def event_model(self, kind: str, ev: DeployEvent) -> LoadModel | None:
         """The load model of ``ev``'s baseline: the previous version's over ``kind``'s window,

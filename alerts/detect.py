@@ -79,7 +79,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Container, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -132,7 +132,7 @@ def detect(
     alertname: str | None = None,
     cache: BaselineCache | None = None,
     held: Mapping[GroupKey, HeldBaseline] | None = None,
-    firing: Container[GroupKey] = (),
+    firing: Mapping[GroupKey, float] | None = None,
 ) -> list[Finding]:
     """Every instance of ``spec`` that has regressed at ``now``.
 
@@ -141,8 +141,11 @@ def detect(
     on every call; without it the baselines are read whole.  ``held``: instances that are
     pending or firing, judged against the baseline they had at onset instead of the current
     one (a trailing baseline would otherwise learn a lasting regression as normal);
-    ``firing``: those of them that fired, judged with the fitted load response and the
-    hysteresis thresholds (:func:`alerts.stats.judge`, :func:`alerts.stats.is_regression`)."""
+    ``firing``: those of them that fired (and since when), held at the hysteresis thresholds
+    (:func:`alerts.stats.is_regression`) and, where the onset baseline cannot judge the
+    load now, until the series is back (see :class:`RegressionRule`)."""
+    if firing is None:
+        firing = {}
     if cache is None or cache.spec is not spec:
         cache = BaselineCache(spec)
     recent_start = now - spec.recent_window
@@ -176,9 +179,24 @@ def detect(
             if hold.fallback != fallback:  # judged against the other driver's load
                 use_load = (fb_load.median(key) if hold.fallback and fb_load is not None
                             else load_now)
-            on = key in firing
-            c = judge(hold.model, recent, use_load, spec, held=on)
-            if c is not None and is_regression(c, spec, held=on):
+            on = firing.get(key)
+            c = judge(hold.model, recent, use_load, spec)
+            if c is not None:
+                if is_regression(c, spec, held=on is not None):
+                    findings.append(ev.finding(key, hold, c, use_load))
+                continue
+            if on is None:
+                continue
+            # The onset baseline cannot judge at this load (the daily cycle took it far from
+            # the baseline's): firing until the series is back, i.e. better than what the
+            # regression itself showed (the trailing buckets since it fired) at this load.
+            regressed = use.regressed_model(key, on)
+            back = False
+            if regressed is not None:
+                rc = judge(regressed, recent, use_load, use.reverse_spec)
+                back = rc is not None and is_regression(rc, use.reverse_spec, held=True)
+            c = None if back else judge(hold.model, recent, use_load, spec, held=True)
+            if c is not None:
                 findings.append(ev.finding(key, hold, c, use_load))
             continue
         # The first baseline whose load model can judge the recent load decides; no other is
@@ -413,13 +431,17 @@ class RegressionRule:
     memory: after a restart an instance still regressed is found again against the current
     baseline (and held from there).
 
-    **A firing instance** is judged with the held model's fitted load response (not the bound
-    of its interval least favourable to an alert, and at any load) and holds while its effect
-    is at least half of ``min_effect`` and half of ``z_threshold`` (hysteresis): over a 6 h
-    regression the daily cycle moves the load far from the onset baseline's, where the
-    interval's bound (and its refusal to judge) ended the alert hours early; and an effect
-    near the threshold no longer resolves and fires again with noise.  Once the regression
-    is over its effect is near zero, below both, and it resolves ``keep_firing_for`` later.
+    **A firing instance** holds while its effect against the onset baseline is at least half
+    of ``min_effect`` and of ``z_threshold`` (hysteresis: an effect near the threshold, or
+    one the least favourable load response shrinks on a ramp, no longer resolves and fires
+    again with noise).  Where the onset baseline cannot judge the load now (over a 6 h
+    regression the daily cycle takes the load far from the baseline's: the instance used
+    to vanish and resolve hours early), it keeps firing until the series is back: better,
+    by half of ``min_effect`` and significantly, than a model of the regression itself (the
+    trailing window's buckets since it fired) expects at this load.  Extrapolating the
+    onset baseline's fitted slope instead kept one alert firing an hour past the end of its
+    regression (a slope fitted at a daily peak, used 40 % lower).  Once the regression is
+    over it resolves ``keep_firing_for`` later.
     """
 
     spec: RegressionSpec
@@ -446,7 +468,8 @@ class RegressionRule:
 
     def evaluate(self, store: Store, now: float) -> list[AlertCandidate]:
         held = {key: h.baseline for key, h in self.held.items()}
-        firing = {key for key, h in self.held.items() if h.last_true - h.since >= self.for_s}
+        firing = {key: h.since for key, h in self.held.items()
+                  if h.last_true - h.since >= self.for_s}
         found = detect(store, self.spec, now, alertname=self.alertname, cache=self.cache,
                        held=held, firing=firing)
         seen = set()

@@ -270,7 +270,7 @@ def judge(
     None when the model cannot tell an effect of ``min_effect`` at this load (its slope is
     too uncertain for how far the load moved), or load is known in one window only.
 
-    ``held`` (an instance already pending or firing, judged against the model of its onset):
+    ``held`` (the numbers of a firing instance whose onset model cannot judge this load):
     the fitted slope, the best estimate of what the baseline expects at this load, and a
     verdict at any load.  The least favourable bound is what keeps a load change from
     *starting* an alert; on a firing one it made a lasting regression look over as soon as
