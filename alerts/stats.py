@@ -270,12 +270,10 @@ def judge(
     None when the model cannot tell an effect of ``min_effect`` at this load (its slope is
     too uncertain for how far the load moved), or load is known in one window only.
 
-    ``held`` (the numbers of a firing instance whose onset model cannot judge this load):
-    the fitted slope, the best estimate of what the baseline expects at this load, and a
-    verdict at any load.  The least favourable bound is what keeps a load change from
-    *starting* an alert; on a firing one it made a lasting regression look over as soon as
-    the daily cycle took the load out of the onset baseline's range (the model "could not
-    judge", the instance vanished and resolved with hours of the regression to come)."""
+    ``held``: the fitted slope and a comparison at any load: the numbers quoted for a
+    firing instance whose onset model cannot judge this load (whether it still fires is
+    decided against the regression's own model: ``alerts/detect.py``'s
+    :class:`RegressionRule`)."""
     if model.has_load != (load_now is not None):
         return None
     ly = _log(recent, model.floor)
