@@ -10,7 +10,11 @@ The rules are replayed over the last 2 h in simulated time (step = the eval inte
 small for / keep_firing_for state machine.  Per kind: recall = scenarios where an expected rule
 fired for the scenario's target at or after onset; delay = that first firing minus the onset;
 precision = of all firings of the kind's rules (every target), those on a scenario of the kind
-after its onset.  False alarms: firings of any rule on steady and traffic-drop targets.
+after its onset.  False alarms: firings of any rule on the no-event targets (steady, traffic
+drop, deploys / config changes / reloads that change nothing, longer requests or prompts that
+the load drivers explain, ...).  The alerts of a deploy, config change or reload must say so
+("since version 2 at", "since config change at", "since reload at").  ``--kinds`` runs some
+kinds only (e.g. ``--kinds long_fill_drop --reps 4`` for the 6 h hold over more seeds).
 """
 
 from __future__ import annotations
