@@ -181,23 +181,26 @@ def detect(
                             else load_now)
             on = firing.get(key)
             c = judge(hold.model, recent, use_load, spec)
-            if c is not None:
-                if is_regression(c, spec, held=on is not None):
+            if on is None or (c is not None and is_regression(c, spec, held=True)):
+                if c is not None and is_regression(c, spec, held=on is not None):
                     findings.append(ev.finding(key, hold, c, use_load))
                 continue
-            if on is None:
-                continue
-            # The onset baseline cannot judge at this load (the daily cycle took it far from
-            # the baseline's): firing until the series is back, i.e. better than what the
-            # regression itself showed (the trailing buckets since it fired) at this load.
+            # A firing instance the onset baseline no longer finds regressed (or cannot judge
+            # at this load): over hours the daily cycle takes the load far from the onset
+            # baseline's, where its load response is a guess.  The regression itself (the
+            # trailing buckets since it fired) says whether the series is back: better than
+            # it at this load.  Without that model yet, the onset baseline decides.
             regressed = use.regressed_model(key, on)
-            back = False
-            if regressed is not None:
-                rc = judge(regressed, recent, use_load, use.reverse_spec)
-                back = rc is not None and is_regression(rc, use.reverse_spec, held=True)
-            c = None if back else judge(hold.model, recent, use_load, spec, held=True)
-            if c is not None:
-                findings.append(ev.finding(key, hold, c, use_load))
+            rc = (judge(regressed, recent, use_load, use.reverse_spec)
+                  if regressed is not None else None)
+            if rc is not None:
+                if is_regression(rc, use.reverse_spec, held=True):
+                    continue  # back
+            elif c is not None:
+                continue  # judged not regressed by the onset baseline
+            shown = judge(hold.model, recent, use_load, spec, held=True)
+            if shown is not None:
+                findings.append(ev.finding(key, hold, shown, use_load))
             continue
         # The first baseline whose load model can judge the recent load decides; no other is
         # tried after it (the detector never shops for a baseline that fires).  After a
@@ -434,14 +437,16 @@ class RegressionRule:
     **A firing instance** holds while its effect against the onset baseline is at least half
     of ``min_effect`` and of ``z_threshold`` (hysteresis: an effect near the threshold, or
     one the least favourable load response shrinks on a ramp, no longer resolves and fires
-    again with noise).  Where the onset baseline cannot judge the load now (over a 6 h
-    regression the daily cycle takes the load far from the baseline's: the instance used
-    to vanish and resolve hours early), it keeps firing until the series is back: better,
-    by half of ``min_effect`` and significantly, than a model of the regression itself (the
-    trailing window's buckets since it fired) expects at this load.  Extrapolating the
-    onset baseline's fitted slope instead kept one alert firing an hour past the end of its
-    regression (a slope fitted at a daily peak, used 40 % lower).  Once the regression is
-    over it resolves ``keep_firing_for`` later.
+    again with noise).  Below that, or where the onset baseline cannot judge the load now,
+    it still fires until the series is back: better, by half of ``min_effect`` and
+    significantly, than a model of the regression itself (the trailing window's buckets
+    since it fired) expects at this load.  Over a 6 h regression the daily cycle takes the
+    load far from the onset baseline's, where that baseline's load response is a guess: a
+    slope fitted at a flat daily peak (0.24, interval 0 to 0.47, true 0.7) explained the
+    regression away 50 % higher and resolved the alert 75 minutes early (the onset baseline
+    refusing to judge did the same); extrapolating its fitted slope the other way kept one
+    firing an hour past the end.  The regression's own model sees the load it ran at.  Once
+    the regression is over it resolves ``keep_firing_for`` later.
     """
 
     spec: RegressionSpec
