@@ -1,6 +1,27 @@
 """The baselines of a regression rule: which windows (:func:`baseline_windows`), and what a rule
 keeps of them between evaluations (:class:`BaselineCache`), so that an hours-long baseline is
-read from the store once per 5-minute slice instead of on every evaluation."""
+read from the store once per 5-minute slice instead of on every evaluation.
+
+**Deploy events** (:meth:`BaselineCache.event`).  For :data:`DEPLOY_WINDOW_S` after a change of
+what serves a model, the model is compared with what served it before, at comparable load (the
+same load model), and every alert of that hour says since when:
+
+* a **new version** (a ``version`` label not seen before while another version of the model
+  had data before it): judged against the previous version's history;
+* a **config change** (the model config the collector stored, ``Store.model_config_times``,
+  written within the hour, with the instance's data before it): judged against the
+  instance's own history before that time;
+* a **reload** (the instance's series stopped for at least :data:`RELOAD_GAP_S` and came back:
+  a model unloaded and loaded again, or a server restart: Triton drops a model's series while
+  it is not loaded and answers nothing while it restarts): judged against its history before
+  the gap.
+
+The latest event wins.  Without one, the baseline windows below apply as they are.  The
+config time is also rewritten when a collector process starts (it writes every config it
+reads first); within that hour the comparison is then with the hours before the collector
+started, which is what the trailing baseline would hold anyway, but the alert says "since
+config change".
+"""
 
 from __future__ import annotations
 
@@ -16,13 +37,17 @@ from tritonwatch.alerts.grouping import GroupKey, load_match, load_names, matche
 from tritonwatch.alerts.history import BucketHistory, RecentBuckets, ceil_to, floor_to, quantum_for
 from tritonwatch.alerts.stats import LoadModel, fit_load_model
 from tritonwatch.schemas.regressions import RegressionSpec
+from tritonwatch.store import Query
 
 if TYPE_CHECKING:
     from tritonwatch.store import Store
 
 WEEK_S = 7 * 86400.0
-#: For this long after a new model version appears it is compared with the previous version.
+#: For this long after a new model version, a config change or a reload, the model is compared
+#: with what served it before.
 DEPLOY_WINDOW_S = 3600.0
+#: A hole at least this long in an instance's series, with data on both sides, is a reload.
+RELOAD_GAP_S = 180.0
 _LOAD_BY = ("model", "version")
 
 
@@ -56,6 +81,25 @@ def baseline_windows(spec: RegressionSpec, now: float) -> list[tuple[str, tuple[
 
 
 @dataclass(frozen=True)
+class DeployEvent:
+    """A change of what serves a model (see the module docstring), within the last hour."""
+
+    what: str  # "version", "config" or "reload"
+    since: float  # unix s: the new version's first bucket, the config time, the gap's end
+    previous: GroupKey  # whose history the baseline is (the previous version, or the same)
+    before: float  # only the baseline's buckets before this count (inf: all of them)
+    old_version: str = ""
+    new_version: str = ""
+
+    def since_text(self, hhmm: str) -> str:
+        """``since version 2 at 10:04 UTC``, ``since config change at ...``, ``since reload
+        at ...``."""
+        if self.what == "version":
+            return f"since version {self.new_version} at {hhmm} UTC"
+        return f"since {'config change' if self.what == 'config' else 'reload'} at {hhmm} UTC"
+
+
+@dataclass(frozen=True)
 class HeldBaseline:
     """The baseline an instance was judged against when it became pending, kept (with its
     window and load model) until the instance resolves: see :class:`RegressionRule`."""
@@ -63,14 +107,21 @@ class HeldBaseline:
     kind: str  # "trailing" or "week_ago"
     window: tuple[float, float]
     model: LoadModel = field(compare=False)
-    #: After a deploy: the previous version (judged against) and when the new one appeared.
-    deploy: tuple[str, str, float] | None = None  # (previous version, new version, since)
+    #: After a deploy, config change or reload: what changed and when.
+    deploy: DeployEvent | None = None
+    #: The verdict modelled against the spec's ``load_fallback`` (its ``load_series`` had no
+    #: data for the instance).
+    fallback: bool = False
 
     @property
     def load(self) -> float | None:
         """The baseline's (smoothed) median load; None without load data."""
         return math.exp(self.model.center) if self.model.has_load else None
 
+
+#: What the trailing window says of an instance's reloads (``BaselineCache._window_facts``).
+_Facts = tuple[npt.NDArray[np.float64] | None, tuple[float, float] | None,
+               tuple[float, float] | None]
 
 #: Load histories shared by the regression rules of one rules file (see :class:`BaselineCache`).
 SharedLoads = dict[tuple[Any, ...], BucketHistory | RecentBuckets]
@@ -93,9 +144,24 @@ class BaselineCache:
     1,000 targets of 7 models, five copies of it were 60 MB).
     """
 
-    def __init__(self, spec: RegressionSpec, loads: SharedLoads | None = None) -> None:
+    def __init__(self, spec: RegressionSpec, loads: SharedLoads | None = None,
+                 *, series_of: BaselineCache | None = None) -> None:
         self.spec = spec
-        self._series: dict[str, BucketHistory] = {}
+        self._series: dict[str, BucketHistory] = (
+            {} if series_of is None else series_of._series)
+        #: The same rule against ``spec.load_fallback``: the series' histories are this
+        #: cache's (not read twice), the load's shared like any other.
+        self.fallback: BaselineCache | None = None
+        if spec.load_fallback is not None and spec.load_series is not None:
+            self.fallback = BaselineCache(
+                spec.model_copy(update={"load_series": spec.load_fallback,
+                                        "load_fallback": None}), loads, series_of=self)
+        #: ``{(target, model): config time}``, read once per quantum when first needed.
+        self._config_times: dict[tuple[str, str], float] | None = None
+        #: Per (kind or "regressed", instance, time): event and regression models.
+        self._event_models: dict[tuple[str, GroupKey, float], LoadModel | None] = {}
+        self._facts: dict[GroupKey, _Facts] = {}
+        self._reverse: RegressionSpec | None = None
         self._load: dict[str, BucketHistory] = {}
         self._shared_loads: SharedLoads = {} if loads is None else loads
         # The recent window: its buckets older than a grace are kept too (read once).
@@ -163,6 +229,12 @@ class BaselineCache:
             self._held[kind] = held
             self._models[kind] = {}
             self._by_target.pop(kind, None)
+            self._config_times = None
+            self._facts = {}
+            self._event_models = {k: v for k, v in self._event_models.items()
+                                  if k[0] not in (kind, "regressed")}
+        if self.fallback is not None:
+            self.fallback.refresh(store, kind, window)
 
     def load_row(self, kind: str, key: GroupKey) -> npt.NDArray[np.float64] | None:
         """The instance's load over the window, summed bucket by bucket over its series (NaN:
@@ -180,6 +252,133 @@ class BaselineCache:
         rows = [hist.values[i] for i in by_target.get(target, ())
                 if matches(hist.keys[i][1], want)]
         return summed(rows)
+
+    def has_load(self, kind: str, key: GroupKey) -> bool:
+        """Whether the instance has load data in ``kind``'s window."""
+        return self.load_row(kind, key) is not None
+
+    def event(self, store: Store, kind: str, key: GroupKey, now: float, first_recent: float
+              ) -> DeployEvent | None:
+        """The latest deploy event of ``key`` within :data:`DEPLOY_WINDOW_S` of ``now`` (see
+        the module docstring), or None.  A config change or reload is judged on the trailing
+        window only (its part before the event), whatever ``kind``: see :meth:`event_model`."""
+        found: list[DeployEvent] = []
+        dep = self.deploy(kind, key, now, first_recent)
+        if dep is not None:
+            found.append(DeployEvent("version", dep[1], dep[0], math.inf,
+                                     dict(dep[0][1]).get("version", ""),
+                                     dict(key[1]).get("version", "")))
+        found += self._own_events(store, key, now, first_recent)
+        return max(found, key=lambda e: e.since) if found else None
+
+    def _own_events(self, store: Store, key: GroupKey, now: float, first_recent: float
+                    ) -> list[DeployEvent]:
+        """Config change and reload of ``key`` (the trailing window's history of it)."""
+        facts = self._facts.get(key)
+        if facts is None:  # once per quantum per instance: the window's data moves with it
+            facts = self._facts[key] = self._window_facts(key)
+        stamps, inner, tail = facts
+        if stamps is None:
+            return []
+        out: list[DeployEvent] = []
+        # A reload: a hole of RELOAD_GAP_S or more between data inside the window, or at its
+        # end (the data came back in the recent window).  The minutes between the window's
+        # end and the recent window's start are in neither: read (rarely: only after an
+        # empty bucket at the window's end) to tell a hole from a window edge.
+        reload = inner
+        if tail is not None and first_recent - tail[0] >= RELOAD_GAP_S and (
+                tail[1] - tail[0] >= RELOAD_GAP_S
+                or self._none_between(store, key, tail[1], first_recent)):
+            reload = (first_recent, tail[0])
+        if reload is not None and now - reload[0] <= DEPLOY_WINDOW_S:
+            out.append(DeployEvent("reload", reload[0], key, reload[1]))
+        model = dict(key[1]).get("model")
+        if model is not None:
+            if self._config_times is None:
+                self._config_times = store.model_config_times()
+            at = self._config_times.get((key[0], model))
+            if (at is not None and now - at <= DEPLOY_WINDOW_S and at > float(stamps[0])
+                    and int((stamps < at).sum()) >= self.spec.min_points):
+                out.append(DeployEvent("config", at, key, at))
+        return out
+
+    def _window_facts(self, key: GroupKey) -> _Facts:
+        """The trailing window's bucket stamps with data of ``key`` (None: fewer than
+        ``min_points``), its last inner hole as ``(back, before)`` (only when long enough and
+        with ``min_points`` buckets before it) and its empty tail as ``(before, window
+        end)`` (one empty bucket or more)."""
+        hist = self._series.get("trailing")
+        row = hist.row(key) if hist is not None else None
+        if row is None or hist is None or hist.lo is None or hist.hi is None:
+            return None, None, None
+        step = self.spec.step
+        seen = np.flatnonzero(~np.isnan(row))
+        if len(seen) < self.spec.min_points:
+            return None, None, None
+        stamps: npt.NDArray[np.float64] = (hist.lo + step * seen).astype(np.float64)
+        inner: tuple[float, float] | None = None
+        gaps = np.flatnonzero(np.diff(stamps) > RELOAD_GAP_S + step / 2)
+        if len(gaps) and int(gaps[-1]) + 1 >= self.spec.min_points:
+            g = int(gaps[-1])
+            inner = (float(stamps[g + 1]), float(stamps[g]) + step)
+        tail: tuple[float, float] | None = None
+        if hist.hi - (float(stamps[-1]) + step) >= step:
+            tail = (float(stamps[-1]) + step, hist.hi)
+        return stamps, inner, tail
+
+    def _none_between(self, store: Store, key: GroupKey, start: float, end: float) -> bool:
+        """Whether ``key``'s series has no point in ``[start, end)``."""
+        want = {**self.spec.match, **dict(key[1])}
+        data = store.read(Query(self.spec.series, start=start, end=end - 1e-3,
+                                step=self.spec.step, agg="avg", match=want,
+                                target=key[0])).series()
+        return not any(sd.values for sd in data)
+
+    def regressed_model(self, key: GroupKey, since: float) -> LoadModel | None:
+        """The load model of ``key``'s trailing buckets from ``since`` on (a firing alert's
+        regression itself: what it shows at each load), fitted once per quantum."""
+        k = ("regressed", key, since)
+        if k not in self._event_models:
+            hist = self._series["trailing"]
+            row = hist.row(key)
+            if row is None or hist.lo is None:
+                self._event_models[k] = None
+            else:
+                keep = hist.lo + self.spec.step * np.arange(len(row)) >= since
+                x = self.load_row("trailing", key)
+                self._event_models[k] = fit_load_model(
+                    np.where(keep, row, np.nan),
+                    None if x is None else np.where(keep, x, np.nan), self.spec)
+        return self._event_models[k]
+
+    @property
+    def reverse_spec(self) -> RegressionSpec:
+        """The spec with the other ``direction``: is a firing regression's series back?"""
+        if self._reverse is None:
+            self._reverse = self.spec.model_copy(
+                update={"direction": "up" if self.spec.direction == "down" else "down"})
+        return self._reverse
+
+    def event_model(self, kind: str, ev: DeployEvent) -> LoadModel | None:
+        """The load model of ``ev``'s baseline: the previous version's over ``kind``'s window,
+        or the instance's own buckets before the event."""
+        if ev.what == "version":
+            return self.model(kind, ev.previous)
+        kind = "trailing"  # where the event was seen; a week-ago one knows nothing of it
+        k = (kind, ev.previous, ev.before)
+        if k not in self._event_models:
+            row = self._series[kind].row(ev.previous)
+            hist = self._series[kind]
+            if row is None or hist.lo is None:
+                self._event_models[k] = None
+            else:
+                stamps = hist.lo + self.spec.step * np.arange(len(row))
+                keep = stamps < ev.before
+                y = np.where(keep, row, np.nan)
+                x = self.load_row(kind, ev.previous)
+                self._event_models[k] = fit_load_model(
+                    y, None if x is None else np.where(keep, x, np.nan), self.spec)
+        return self._event_models[k]
 
     def deploy(self, kind: str, key: GroupKey, now: float, first_recent: float
                ) -> tuple[GroupKey, float] | None:

@@ -18,7 +18,22 @@ one per ``gpu_uuid``, are averaged bucket by bucket) at evaluation time ``now``:
    refused for most of a ±30 % daily cycle's ramps), each baseline is a *model* of the series
    against its ``load_series`` (the same target and model's requests that arrived: successes
    plus failures, since a failed request used the server too; summed over its series; the
-   whole target's for a GPU):
+   whole target's for a GPU).
+
+   **Which driver.**  Each rule models its series against what drives it: the fill rate and
+   the GPUs against the request rate (the default); KV-cache use against the requests in
+   flight (``sli:llm_active_requests``: KV blocks are held by the requests being served, so
+   longer requests, more in flight at the same request rate, fill more of it, and that is no
+   regression); TTFT against the prompt-token rate (``sli:prompt_tokens_rate``).  TTFT
+   follows both concurrency and prompt length; one composite driver stands for both: the
+   prompt-token rate is requests x prompt length, the prefill work arriving per second, which
+   rises with more requests and with longer prompts alike.  Requests in flight are not used
+   for TTFT: by Little's law they are arrivals x latency, so a server that slows down has more
+   of them at the same arrivals, and a model on them would explain a TTFT regression by its
+   own echo (nor would a two-variable fit on 4 h of one daily ramp separate two drivers that
+   rise together).  Where an instance has no data of its driver in either window (a backend
+   that does not export it), the spec's ``load_fallback`` (the request rate for the built-in
+   rules) is used instead; the ``load_driver`` annotation says which one a verdict used.
 
    ``log y = a + b * log x``, over the baseline's buckets, ``x`` smoothed over the recent
    window's length (the recent window is judged at its median load; smoothing also keeps the
@@ -48,9 +63,15 @@ one per ``gpu_uuid``, are averaged bucket by bucket) at evaluation time ``now``:
 :class:`RegressionRule` holds an instance's baseline (window and model) from the evaluation
 it is first found until it resolves, so a lasting regression is not learnt as normal.
 
-Annotations say what changed, by how much, against what expectation at which load, and what
-moved with it, ranked (:func:`moved_with`: queue and compute time, KV cache, waiting and paused
-requests, fill rate, GPUs), the largest moves as ``likely_cause``.  The labels are only
+**Deploys.**  For an hour after a new version, a config change or a reload of the model (see
+``alerts/baseline.py``), its baseline is what served it before the change, at comparable load
+(the same load model), and the alert says "since version N at HH:MM UTC" (or "since config
+change at", "since reload at").
+
+Annotations say what changed, by how much, against what expectation at which load (and which
+load driver), and what moved with it, ranked (:func:`moved_with`: queue and compute time, KV
+cache, waiting and paused requests, fill rate, GPUs and their throttle reasons), the largest
+moves as ``likely_cause``.  The labels are only
 ``alertname``, ``rule``, ``target``, the ``by`` labels and the spec's extra labels.
 """
 
@@ -67,7 +88,14 @@ import numpy.typing as npt
 
 from tritonwatch.alerts.baseline import BaselineCache, HeldBaseline, SharedLoads, baseline_windows
 from tritonwatch.alerts.formatting import display, fmt_change, fmt_value, where
-from tritonwatch.alerts.grouping import GroupKey, SeriesLoader, load_match, matches, summed_median
+from tritonwatch.alerts.grouping import (
+    GroupKey,
+    SeriesLoader,
+    load_match,
+    load_names,
+    matches,
+    summed,
+)
 from tritonwatch.alerts.model import Rule
 from tritonwatch.alerts.moved import likely_cause, related_moves
 from tritonwatch.alerts.stats import Comparison, is_regression, judge
@@ -104,6 +132,7 @@ def detect(
     alertname: str | None = None,
     cache: BaselineCache | None = None,
     held: Mapping[GroupKey, HeldBaseline] | None = None,
+    firing: Mapping[GroupKey, float] | None = None,
 ) -> list[Finding]:
     """Every instance of ``spec`` that has regressed at ``now``.
 
@@ -111,7 +140,12 @@ def detect(
     baselines cost one store read per new 5-minute slice instead of a read of the whole window
     on every call; without it the baselines are read whole.  ``held``: instances that are
     pending or firing, judged against the baseline they had at onset instead of the current
-    one (a trailing baseline would otherwise learn a lasting regression as normal)."""
+    one (a trailing baseline would otherwise learn a lasting regression as normal);
+    ``firing``: those of them that fired (and since when), held at the hysteresis thresholds
+    (:func:`alerts.stats.is_regression`) and, where the onset baseline cannot judge the
+    load now, until the series is back (see :class:`RegressionRule`)."""
+    if firing is None:
+        firing = {}
     if cache is None or cache.spec is not spec:
         cache = BaselineCache(spec)
     recent_start = now - spec.recent_window
@@ -121,7 +155,9 @@ def detect(
     # The recent window: whole buckets starting in [recent_start, now].
     stamps, recent_by = cache.recent.read(store, recent_start, now)
     recent_load = _RecentLoad(store, cache, recent_start, now)
-    ev = _Evaluation(SeriesLoader(store, spec.step), spec, now, alertname, recent_load)
+    fb = cache.fallback
+    fb_load = _RecentLoad(store, fb, recent_start, now) if fb is not None else None
+    ev = _Evaluation(SeriesLoader(store, spec.step), spec, now, alertname, recent_load, fb_load)
 
     findings: list[Finding] = []
     for key in sorted(recent_by):
@@ -132,34 +168,82 @@ def detect(
             continue
         first_recent = float(stamps[present][0])
         load_now = recent_load.median(key)
+        # The load driver: the spec's load series, or its fallback where the instance has
+        # none of it in either window (a backend without the gauge).
+        use, use_load, fallback = cache, load_now, False
+        if fb is not None and fb_load is not None and load_now is None and not any(
+                cache.has_load(kind, key) for kind, _ in baselines):
+            use, use_load, fallback = fb, fb_load.median(key), True
         hold = held.get(key) if held is not None else None
         if hold is not None:
-            c = judge(hold.model, recent, load_now, spec)
-            if c is not None and is_regression(c, spec):
-                findings.append(ev.finding(key, hold, c, load_now))
+            if hold.fallback != fallback:  # judged against the other driver's load
+                use_load = (fb_load.median(key) if hold.fallback and fb_load is not None
+                            else load_now)
+            on = firing.get(key)
+            c = judge(hold.model, recent, use_load, spec)
+            if on is None or (c is not None and is_regression(c, spec, held=True)):
+                if c is not None and is_regression(c, spec, held=on is not None):
+                    findings.append(ev.finding(key, hold, c, use_load))
+                continue
+            # A firing instance the onset baseline no longer finds regressed (or cannot judge
+            # at this load): over hours the daily cycle takes the load far from the onset
+            # baseline's, where its load response is a guess.  The regression itself (the
+            # trailing buckets since it fired) says whether the series is back: better than
+            # it at this load.  Without that model yet, the onset baseline decides.
+            regressed = use.regressed_model(key, on)
+            rc = (judge(regressed, recent, use_load, use.reverse_spec)
+                  if regressed is not None else None)
+            if rc is not None:
+                if is_regression(rc, use.reverse_spec, held=True):
+                    continue  # back
+            elif c is not None:
+                continue  # judged not regressed by the onset baseline
+            shown = judge(hold.model, recent, use_load, spec, held=True)
+            if shown is not None:
+                findings.append(ev.finding(key, hold, shown, use_load))
             continue
         # The first baseline whose load model can judge the recent load decides; no other is
-        # tried after it (the detector never shops for a baseline that fires).
+        # tried after it (the detector never shops for a baseline that fires).  After a
+        # deploy, config change or reload, its baseline is what served the model before.
         for kind, window in baselines:
-            deploy = cache.deploy(kind, key, now, first_recent)
-            if deploy is not None:  # a new version: against the previous one
-                model = cache.model(kind, deploy[0])
-            else:
-                model = cache.model(kind, key)
+            event = use.event(store, kind, key, now, first_recent)
+            if event is not None and event.what != "version" and kind != "trailing":
+                continue  # a config change or reload: against the hours just before it
+            model = use.event_model(kind, event) if event is not None else use.model(kind, key)
             if model is None:
                 continue
-            c = judge(model, recent, load_now, spec)
+            c = judge(model, recent, use_load, spec)
             if c is None:
                 continue
             if is_regression(c, spec):
-                since = None
-                if deploy is not None:
-                    since = (dict(deploy[0][1]).get("version", ""),
-                             dict(key[1]).get("version", ""), deploy[1])
-                base = HeldBaseline(kind, window, model, since)
-                findings.append(ev.finding(key, base, c, load_now))
+                base = HeldBaseline(kind, window, model, event, fallback)
+                findings.append(ev.finding(key, base, c, use_load))
             break
     return findings
+
+
+def load_driver(spec: RegressionSpec, fallback: bool = False) -> str:
+    """The load a verdict was modelled against, in words: ``requests in flight
+    (sli:llm_active_requests)``, or with ``fallback`` the fallback's and why."""
+    names = load_names(spec)
+    if fallback and spec.load_fallback is not None:
+        fb = load_names(spec.model_copy(update={"load_series": spec.load_fallback}))
+        return f"{_driver_words(fb)} ({_driver_words(names)} absent)"
+    return _driver_words(names)
+
+
+_DRIVER_WORDS = {
+    "sli:request_rate": "request rate",
+    "sli:llm_active_requests": "requests in flight",
+    "sli:prompt_tokens_rate": "prompt-token rate",
+}
+
+
+def _driver_words(names: tuple[str, ...]) -> str:
+    if not names:
+        return "none"
+    head = _DRIVER_WORDS.get(names[0], names[0])
+    return f"{head} ({' + '.join(names)})"
 
 
 class _RecentLoad:
@@ -192,15 +276,21 @@ class _RecentLoad:
                 self._by_target[t].append((lbl, larr))
 
     def median(self, key: GroupKey) -> float | None:
-        """Median over the window of the instance's load (summed over its series)."""
+        """Median over the window of the instance's load (summed over its series); None
+        when fewer than ``min_points`` buckets have load (a model unloaded for most of the
+        window: the median of the one bucket before it is no measure of the load its GPU's
+        buckets saw)."""
         if self.cache.recent_load is None:
             return None
         self._read()
         assert self._by_target is not None
         target, labels = key
         want = load_match(labels)
-        return summed_median([larr for lbl, larr in self._by_target.get(target, [])
-                               if matches(lbl, want)])
+        total = summed([larr for lbl, larr in self._by_target.get(target, [])
+                        if matches(lbl, want)])
+        if total is None or int((~np.isnan(total)).sum()) < self.cache.spec.min_points:
+            return None
+        return float(np.median(total[~np.isnan(total)]))
 
 
 @dataclass(frozen=True)
@@ -212,6 +302,7 @@ class _Evaluation:
     now: float
     alertname: str | None
     recent_load: _RecentLoad
+    fallback_load: _RecentLoad | None = None
 
     def finding(
         self, key: GroupKey, base: HeldBaseline, c: Comparison, load_now: float | None
@@ -233,28 +324,38 @@ class _Evaluation:
         related = tuple(m.text for m in moved)
         cause = likely_cause(moved)
         at_load = " at this load" if load_now is not None and load_base is not None else ""
-        if base.deploy is not None:
-            old_v, new_v, since = base.deploy
-            hhmm = time.strftime("%H:%M", time.gmtime(since))
-            short_against = f"version {old_v}, since version {new_v} at {hhmm} UTC"
-            against = (f"version {old_v} over the {format_duration(spec.baseline_window)} before "
-                       f"version {new_v} appeared at {hhmm} UTC")
+        dep = base.deploy
+        if dep is not None:
+            hhmm = time.strftime("%H:%M", time.gmtime(dep.since))
+            if dep.what == "version":
+                short_against = f"version {dep.old_version}, {dep.since_text(hhmm)}"
+                against = (f"version {dep.old_version} over the "
+                           f"{format_duration(spec.baseline_window)} before version "
+                           f"{dep.new_version} appeared at {hhmm} UTC")
+            else:
+                what = "the config change" if dep.what == "config" else "the reload"
+                short_against = f"before, {dep.since_text(hhmm)}"
+                against = f"the hours before {what} at {hhmm} UTC"
+        driver_spec = (self.fallback_load.cache.spec
+                       if base.fallback and self.fallback_load is not None else spec)
+        driver = load_driver(spec, base.fallback)
+        load_label, load_unit = _load_display(driver_spec)
         summary = (
             f"{label[:1].upper()}{label[1:]} {fmt_change(c.current, c.baseline)} vs "
             f"{short_against}{at_load}" + ("; " + cause if cause else "")
         )
         if load_now is not None and load_base is not None:
             load_text = (
-                f"expected at the load now ({fmt_value(load_now, 'req/s')}, "
-                f"{fmt_change(load_now, load_base)} vs {fmt_value(load_base, 'req/s')} in the "
-                f"baseline) by the baseline's load response (elasticity {c.elasticity:.2f}, the "
-                f"least favourable to an alert within its 99 % interval "
+                f"expected at the load now ({load_label} {fmt_value(load_now, load_unit)}, "
+                f"{fmt_change(load_now, load_base)} vs {fmt_value(load_base, load_unit)} in "
+                f"the baseline) by the baseline's load response (elasticity "
+                f"{c.elasticity:.2f}, the least favourable to an alert within its 99 % interval "
                 f"{base.model.slopes[0]:.2f} to {base.model.slopes[2]:.2f})"
             )
         elif spec.load_series is None:
             load_text = "load not modelled"
         else:
-            load_text = "load unknown (no request rate)"
+            load_text = f"load unknown (no {load_label})"
         description = (
             f"{label} of {where(labels)} on {target}: median {fmt_value(c.current, unit)} over "
             "the last "
@@ -278,10 +379,14 @@ class _Evaluation:
             "elasticity": f"{c.elasticity:.3g}",
             "likely_cause": cause or "none of the server-side signals moved by 10 % or more",
         }
-        if base.deploy is not None:
-            ann["since_version"] = base.deploy[1]
-            ann["previous_version"] = base.deploy[0]
-            ann["deployed_at"] = f"{base.deploy[2]:.0f}"
+        if spec.load_series is not None:
+            ann["load_driver"] = driver
+        if dep is not None:
+            ann["deploy_event"] = dep.what
+            ann["deployed_at"] = f"{dep.since:.0f}"
+            if dep.what == "version":
+                ann["since_version"] = dep.new_version
+                ann["previous_version"] = dep.old_version
         if "model" not in dict(labels):
             # A GPU (or target-wide) instance: name the models it serves, as labels cannot (they
             # would change whenever a model is loaded or unloaded).
@@ -298,6 +403,14 @@ class _Evaluation:
         lbl.update(spec.labels)
         candidate = AlertCandidate(make_labels(lbl), make_labels(ann), c.change)
         return Finding(target, labels, kind, c, load_now, load_base, related, candidate, base)
+
+
+def _load_display(spec: RegressionSpec) -> tuple[str, str]:
+    """How the load of ``spec`` is named and shown: ``("request rate", "req/s")``."""
+    names = load_names(spec)
+    if not names:
+        return "load", ""
+    return display(names[0])
 
 
 class _Held(NamedTuple):
@@ -320,6 +433,20 @@ class RegressionRule:
     a firing one once it has been absent for ``keep_firing_for``.  Held baselines live in
     memory: after a restart an instance still regressed is found again against the current
     baseline (and held from there).
+
+    **A firing instance** holds while its effect against the onset baseline is at least half
+    of ``min_effect`` and of ``z_threshold`` (hysteresis: an effect near the threshold, or
+    one the least favourable load response shrinks on a ramp, no longer resolves and fires
+    again with noise).  Below that, or where the onset baseline cannot judge the load now,
+    it still fires until the series is back: better, by half of ``min_effect`` and
+    significantly, than a model of the regression itself (the trailing window's buckets
+    since it fired) expects at this load.  Over a 6 h regression the daily cycle takes the
+    load far from the onset baseline's, where that baseline's load response is a guess: a
+    slope fitted at a flat daily peak (0.24, interval 0 to 0.47, true 0.7) explained the
+    regression away 50 % higher and resolved the alert 75 minutes early (the onset baseline
+    refusing to judge did the same); extrapolating its fitted slope the other way kept one
+    firing an hour past the end.  The regression's own model sees the load it ran at.  Once
+    the regression is over it resolves ``keep_firing_for`` later.
     """
 
     spec: RegressionSpec
@@ -346,8 +473,10 @@ class RegressionRule:
 
     def evaluate(self, store: Store, now: float) -> list[AlertCandidate]:
         held = {key: h.baseline for key, h in self.held.items()}
+        firing = {key: h.since for key, h in self.held.items()
+                  if h.last_true - h.since >= self.for_s}
         found = detect(store, self.spec, now, alertname=self.alertname, cache=self.cache,
-                       held=held)
+                       held=held, firing=firing)
         seen = set()
         for f in found:
             key = (f.target, f.labels)

@@ -23,7 +23,8 @@ DISPLAY: dict[str, tuple[str, str]] = {
     "sli:pending_requests": ("pending requests", ""),
     "sli:llm_waiting_requests": ("waiting requests", ""),
     "sli:llm_paused_requests": ("paused requests", ""),
-    "sli:llm_active_requests": ("active requests", ""),
+    "sli:llm_active_requests": ("requests in flight", ""),
+    "sli:prompt_tokens_rate": ("prompt-token rate", "tokens/s"),
     "sli:success_ratio": ("success ratio", "ratio"),
     "sli:ttft_seconds": ("server TTFT", "s"),
     "sli:itl_seconds": ("server ITL", "s"),
@@ -38,8 +39,8 @@ def fmt_value(value: float, unit: str) -> str:
         return f"{value * 100:.0f} %"
     if unit == "s":
         return f"{value * 1000:.0f} ms" if abs(value) < 1 else f"{value:.2f} s"
-    if unit == "req/s":
-        return f"{value:.3g} req/s"
+    if unit in ("req/s", "tokens/s"):
+        return f"{value:.3g} {unit}"
     return f"{value:.3g}"
 
 

@@ -1,6 +1,14 @@
 """What moved with a regression: the server-side signals of the same model, each recent window's
 median against the baseline's, ranked by how far they moved; the largest are the alert's
-``likely_cause`` and the dashboard's "what moved with it"."""
+``likely_cause`` and the dashboard's "what moved with it".
+
+GPU throttling (``sli:gpu_throttle_reason{reason}``, 0/1 per performance-limiting NVML clock
+reason, collector/gpu.py) is ranked with them per reason, as the share of the window the
+target's GPUs spent throttled for it (the mean of the 0/1 buckets over the GPUs): "GPU
+throttled: HW slowdown (thermal) 80 % of the window (0 % before)".  Its size is the rise of
+that share, ``log(1 + rise)``: throttled all the time where it never was weighs as a doubling
+of any other signal; a share that did not rise is no cause.
+"""
 
 from __future__ import annotations
 
@@ -31,8 +39,19 @@ DEFAULT_RELATED: tuple[str, ...] = (
     "sli:batch_fill_rate",
     "sli:gpu_utilization",
     "sli:gpu_power_ratio",
+    "sli:gpu_throttle_reason",
     "probe:ttft_seconds",
 )
+#: Per GPU and NVML clock reason, 0/1 (collector/gpu.py): ranked per reason.
+THROTTLE = "sli:gpu_throttle_reason"
+#: How a throttle reason reads in a page.
+THROTTLE_WORDS: dict[str, str] = {
+    "sw_power_cap": "SW power cap",
+    "hw_slowdown": "HW slowdown",
+    "sw_thermal_slowdown": "SW thermal slowdown",
+    "hw_thermal_slowdown": "HW slowdown (thermal)",
+    "hw_power_brake_slowdown": "HW power brake",
+}
 #: Series kept per GPU (no model label): a model's signals include every GPU of its target.
 _GPU_PREFIX = "sli:gpu_"
 #: Moves smaller than this (relative) are quoted but not named as a likely cause.
@@ -48,6 +67,7 @@ class Moved(NamedTuple):
     baseline: float | None  # median over the baseline window (None: no data there)
     text: str  # "queue time 41 ms (x4.1)"
     unit: str = ""  # "ratio", "s", "req/s" or "": how fmt_value shows current and baseline
+    weight: float | None = None  # the size, where not a log ratio (throttle shares)
 
     @property
     def change(self) -> float | None:
@@ -57,6 +77,8 @@ class Moved(NamedTuple):
     @property
     def size(self) -> float:
         """How far it moved, as |log ratio| (infinite from or to zero; 0 without baseline)."""
+        if self.weight is not None:
+            return self.weight
         if self.baseline is None:
             return 0.0
         if self.baseline <= 0 or self.current <= 0:
@@ -100,6 +122,9 @@ def moved_with(
                     if all(dict(sd.labels).get(k) == v for k, v in want.items())]
             return list(group_points(kept, ()).get((target, ()), {}).values())
 
+        if name == THROTTLE:
+            out += _throttled(loader, target, recent, baseline)
+            continue
         cur, base = pick(recent), pick(baseline)
         if not cur:
             continue
@@ -110,6 +135,33 @@ def moved_with(
                                                  else "")
         out.append(Moved(name, label, c, b, text, unit))
     out.sort(key=lambda m: -m.size)  # stable: equal moves keep the order of ``names``
+    return out
+
+
+def _throttled(loader: SeriesLoader, target: str, recent: tuple[float, float],
+               baseline: tuple[float, float]) -> list[Moved]:
+    """Per throttle reason: the share of ``recent`` the target's GPUs were throttled for it
+    against the share of ``baseline``; reasons never active in ``recent`` are left out."""
+
+    def shares(window: tuple[float, float]) -> dict[str, float]:
+        by_reason: dict[str, list[float]] = {}
+        for sd in loader.get(THROTTLE, window[0], window[1], {}, target):
+            reason = dict(sd.labels).get("reason", "")
+            by_reason.setdefault(reason, []).extend(sd.values)
+        return {r: float(np.mean(v)) for r, v in by_reason.items() if v}
+
+    cur, base = shares(recent), shares(baseline)
+    out = []
+    for reason, c in sorted(cur.items()):
+        if c <= 0:
+            continue
+        b = base.get(reason)
+        words = THROTTLE_WORDS.get(reason, reason.replace("_", " "))
+        text = (f"GPU throttled: {words} {c * 100:.0f} % of the window"
+                + (f" ({b * 100:.0f} % before)" if b is not None else ""))
+        rise = c - (b or 0.0)
+        out.append(Moved(THROTTLE, f"GPU throttled ({words})", c, b, text, "ratio",
+                         weight=math.log1p(max(rise, 0.0))))
     return out
 
 

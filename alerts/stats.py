@@ -88,15 +88,25 @@ def compare(recent: Values, baseline: Values, direction: str) -> Comparison:
     )
 
 
-def is_regression(c: Comparison, spec: RegressionSpec) -> bool:
-    """Effect size, robust z and Mann-Whitney all say "worse" in the spec's direction."""
+#: Hysteresis: an instance already pending or firing holds while its effect is at least this
+#: share of ``min_effect`` and of ``z_threshold``, and Mann-Whitney p at most HOLD_ALPHA (or
+#: the spec's alpha if larger), so that a regression near the threshold does not resolve and
+#: fire again with every few per cent of noise.
+HOLD_SHARE = 0.5
+HOLD_ALPHA = 0.01
+
+
+def is_regression(c: Comparison, spec: RegressionSpec, *, held: bool = False) -> bool:
+    """Effect size, robust z and Mann-Whitney all say "worse" in the spec's direction
+    (``held``: with the hysteresis thresholds of an instance already pending or firing)."""
     sign = 1.0 if spec.direction == "up" else -1.0
     if abs(c.baseline) <= spec.min_baseline:
         return False
+    share = HOLD_SHARE if held else 1.0
     return (
-        sign * c.change >= spec.min_effect
-        and sign * c.z >= spec.z_threshold
-        and c.p_value <= spec.alpha
+        sign * c.change >= spec.min_effect * share
+        and sign * c.z >= spec.z_threshold * share
+        and c.p_value <= (max(spec.alpha, HOLD_ALPHA) if held else spec.alpha)
     )
 
 
@@ -253,12 +263,17 @@ def fit_load_model(
 
 def judge(
     model: LoadModel, recent: npt.NDArray[np.float64], load_now: float | None,
-    spec: RegressionSpec,
+    spec: RegressionSpec, *, held: bool = False,
 ) -> Comparison | None:
     """The recent buckets against what ``model`` expects at the recent load: the residual
     statistics for the slope of the model's interval least favourable to a regression.
     None when the model cannot tell an effect of ``min_effect`` at this load (its slope is
-    too uncertain for how far the load moved), or load is known in one window only."""
+    too uncertain for how far the load moved), or load is known in one window only.
+
+    ``held``: the fitted slope and a comparison at any load: the numbers quoted for a
+    firing instance whose onset model cannot judge this load (whether it still fires is
+    decided against the regression's own model: ``alerts/detect.py``'s
+    :class:`RegressionRule`)."""
     if model.has_load != (load_now is not None):
         return None
     ly = _log(recent, model.floor)
@@ -270,14 +285,14 @@ def judge(
     low, fit, high = model.slopes
     # How far the prediction may be off at this load: the interval's wider half times how far
     # the load moved.  As large as the smallest effect that counts, the model cannot judge.
-    if abs(shift) > _SAME_LOAD and (
+    if not held and abs(shift) > _SAME_LOAD and (
             not (math.isfinite(low) and math.isfinite(high))
             or max(fit - low, high - fit) * abs(shift) >= math.log1p(spec.min_effect)):
         return None
     sign = 1.0 if spec.direction == "up" else -1.0
     best: tuple[float, int] | None = None
     for k, b in enumerate(model.slopes):
-        if not math.isfinite(b):
+        if not math.isfinite(b) or (held and k != 1):
             continue
         effect = float(np.median(ly)) - (model.intercepts[k] + b * lx_now)
         if best is None or sign * effect < sign * best[0]:

@@ -119,6 +119,12 @@ class RegressionSpec(FrozenAliased):
     failed request also took a queue slot, KV-cache blocks and GPU time, so successes alone
     under-count load exactly when failures spike, and a KV cache or GPU then looks busier
     "per request" than it is."""
+    load_fallback: str | tuple[str, ...] | None = None
+    """The load to model against instead, for an instance whose ``load_series`` has no data in
+    either window (a model whose server does not export it): e.g. the built-in KV-cache rule
+    models against requests in flight (TensorRT-LLM's active requests) and falls back to the
+    request rate for a backend without that gauge.  The annotations say which one a verdict
+    used; ``null``: no fallback (such an instance is judged without a load model)."""
     elasticity: tuple[float, float] | None = None
     """The range the load response may take: the slope of log ``series`` on log load (0: does
     not follow load; 1: proportional to it).  The fitted slope and its confidence interval

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import tritonwatch.alerts.defaults
-from tests.alerts.scenarios import HISTORY_S, SPAN_S, T0, Scenario, samples
+from tests.alerts.scenarios import HISTORY_S, SPAN_S, T0, Scenario, configs, samples
 from tests.alerts.test_history import CountingStore
 from tritonwatch.alerts.availability import FailureRatioSpikeRule, sums_counts
 from tritonwatch.alerts.capacity import KvCacheForecastRule
@@ -32,6 +32,9 @@ def load(store: Store, *scs: Scenario, seed: int = 1) -> None:
         for ts, ss in samples(sc, rng):
             store.write(sc.target, ts, ss)
     store.flush()
+    for sc in scs:
+        for model, config, at in configs(sc):
+            store.put_model_config(sc.target, model, config, at)
 
 
 def rule(name: str, spec: DefaultsSpec | None = None) -> Rule:
@@ -154,8 +157,15 @@ def test_fill_rate_that_follows_a_traffic_drop_is_not_a_regression(store: Store,
                                   "ttft_regression", "itl_regression"])
 def test_regression_defaults_model_load_and_accept_the_old_tolerance(name: str) -> None:
     spec = getattr(rule(name), "spec")  # noqa: B009
-    # Judged at the same load (request rate), none of them falling when load rises.
-    assert spec.load_series == ("sli:request_rate", "sli:failure_rate")  # every arrival
+    # Judged at the same load (each against its driver, the request rate where none is
+    # exported), none of them falling when load rises.
+    arrivals = ("sli:request_rate", "sli:failure_rate")  # every arrival
+    driver = {"kv_cache_regression": "sli:llm_active_requests",
+              "ttft_regression": "sli:prompt_tokens_rate"}.get(name)
+    if driver is None:
+        assert spec.load_series == arrivals and spec.load_fallback is None
+    else:
+        assert spec.load_series == driver and spec.load_fallback == arrivals
     assert spec.elasticity is not None and spec.elasticity[0] == 0.0
     # Rules files written for the comparable-load guard still load; the key is ignored.
     old = DefaultsSpec.model_validate({"overrides": {name: {"load_tolerance": 0.2,
@@ -328,7 +338,9 @@ def test_forecast_keeps_old_buckets_and_agrees_with_a_fresh_read(store: Store) -
 
 def test_builtin_and_file_regressions_read_the_load_once(store: Store) -> None:
     # Every regression rule of a rules file (its own and the six built-in ones) weighs load
-    # by request rate over the same windows: one history of it, read once per slice, for all.
+    # over the same windows: by request rate (or falls back to it: the KV-cache and TTFT
+    # rules, modelled on requests in flight and the prompt-token rate), by requests in
+    # flight, by prompt tokens: one history of each, read once per slice, for all.
     from tritonwatch.alerts.detect import RegressionRule
     from tritonwatch.alerts.rules import rules_from_file
     from tritonwatch.schemas.rules import validate_rules
@@ -343,8 +355,12 @@ def test_builtin_and_file_regressions_read_the_load_once(store: Store) -> None:
     counting = CountingStore(store)
     for r in regressions:
         assert r.evaluate(counting.as_store(), START) == []
-    loads = {id(r.cache._load[kind]) for r in regressions for kind in r.cache._load}
-    assert len(loads) == 2  # week_ago and trailing, each one history for all seven rules
+    caches = [c for r in regressions for c in (r.cache, r.cache.fallback) if c is not None]
+    assert len(caches) == 9  # the KV-cache and TTFT rules' fallbacks too
+    loads = {(c.spec.load_series, kind, id(c._load[kind])) for c in caches for kind in c._load}
+    # week_ago and trailing per driver, each one history for all rules with that driver
+    assert len(loads) == 6, loads
+    assert len({x[:2] for x in loads}) == 6
     # Baseline reads start before the recent window: one per kind, not one per rule and kind.
     baseline_reads = [c for c in counting.calls
                       if c[1] == "sli:request_rate" and c[2] < START - 900.0 - 300.0]

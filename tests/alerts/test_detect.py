@@ -2,17 +2,28 @@
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Callable
 
 import numpy as np
 import pytest
 
 from tests.alerts.test_history import CountingStore
-from tritonwatch.alerts.baseline import WEEK_S, baseline_windows
+from tritonwatch.alerts.baseline import WEEK_S, DeployEvent, baseline_windows
 from tritonwatch.alerts.defaults import _regression_spec
 from tritonwatch.alerts.detect import RegressionRule, detect, regression_rules
 from tritonwatch.alerts.formatting import fmt_change
-from tritonwatch.alerts.stats import mann_whitney_p, robust_z
+from tritonwatch.alerts.moved import likely_cause, moved_with
+from tritonwatch.alerts.stats import (
+    Comparison,
+    LoadModel,
+    fit_load_model,
+    is_regression,
+    judge,
+    mann_whitney_p,
+    robust_z,
+)
 from tritonwatch.schemas.regressions import RegressionSpec
 from tritonwatch.schemas.samples import Sample, make_labels
 from tritonwatch.store import Store
@@ -404,3 +415,110 @@ def test_a_failure_spike_at_the_same_arrivals_is_not_a_resource_regression(
     # The same data judged against successes alone: it fires (what the default prevents).
     old = spec.model_copy(update={"load_series": "sli:request_rate"})
     assert detect(store, old, NOW)
+
+
+# --- firing instances: fitted load response and hysteresis (issue 20 item 2) ----------------
+
+
+def _model_on_a_ramp(seed: int = 0) -> tuple[RegressionSpec, LoadModel]:
+    """A fill rate following load with elasticity 0.7 over a baseline whose load moved
+    little (±3 %): the slope's interval is wide."""
+    rng = np.random.default_rng(seed)
+    spec = SPEC.model_copy(update={"elasticity": (0.0, 1.0)})
+    x = 20 * (1 + 0.03 * np.sin(np.linspace(0, 3, 240))) * rng.lognormal(0, 0.02, 240)
+    y = 0.6 * (x / 20) ** 0.7 * rng.lognormal(0, 0.05, 240)
+    model = fit_load_model(y, x, spec)
+    assert model is not None
+    return spec, model
+
+
+def test_a_firing_instance_is_judged_with_the_fitted_slope_at_any_load() -> None:
+    # The load doubled since the held baseline (a daily cycle): a new alert cannot be
+    # judged there (the slope's interval is too wide), a firing one is, with the fitted
+    # slope: -30 % at this load is still -30 %, and a recovered series is no regression.
+    spec, model = _model_on_a_ramp()
+    assert model.slopes[2] - model.slopes[0] > 0.2
+    load_now = 40.0
+    expected = 0.6 * 2 ** model.slopes[1]
+    regressed = np.full(5, 0.7 * expected)
+    assert judge(model, regressed, load_now, spec) is None
+    c = judge(model, regressed, load_now, spec, held=True)
+    assert c is not None and abs(c.change + 0.3) < 0.01 and c.elasticity == model.slopes[1]
+    assert is_regression(c, spec, held=True)
+    recovered = judge(model, np.full(5, expected), load_now, spec, held=True)
+    assert recovered is not None and not is_regression(recovered, spec, held=True)
+
+
+def test_hysteresis_holds_a_firing_instance_at_half_the_thresholds() -> None:
+    spec = SPEC.model_copy(update={"min_effect": 0.2, "z_threshold": 4.0})
+    c = Comparison(current=0.88, baseline=1.0, change=-0.12, z=-2.5, p_value=0.005,
+                   n_recent=5, n_baseline=240)
+    assert not is_regression(c, spec)  # would not start an alert
+    assert is_regression(c, spec, held=True)  # keeps one firing (>= 10 %, z >= 2)
+    assert not is_regression(c._replace(change=-0.08), spec, held=True)  # under half
+    assert not is_regression(c._replace(p_value=0.05), spec, held=True)
+
+
+# --- deploy events and throttle reasons (items 3, 4) ---------------------------------------
+
+
+def test_deploy_event_texts() -> None:
+    key = ("t1", make_labels({"model": "llm", "version": "1"}))
+    assert (DeployEvent("version", 0.0, key, math.inf, "1", "2").since_text("10:04")
+            == "since version 2 at 10:04 UTC")
+    assert DeployEvent("config", 0.0, key, 0.0).since_text("10:04") == (
+        "since config change at 10:04 UTC")
+    assert DeployEvent("reload", 0.0, key, 0.0).since_text("10:04") == (
+        "since reload at 10:04 UTC")
+
+
+def test_throttle_reasons_rank_with_the_other_signals(store: Store) -> None:
+    # Thermally throttled 73 % of the recent window (never before), power-capped as often
+    # as before, queue time x1.5: the throttle ranks first, the unchanged cap is no cause.
+    g = make_labels({"gpu_uuid": "GPU-0"})
+    m = make_labels({"model": "llm", "version": "1"})
+    onset = NOW - 600
+    ts = NOW - 3 * 3600
+    k = 0
+    while ts <= NOW:
+        on = ts >= onset
+        store.write("t1", ts, [
+            Sample("sli:queue_time_seconds", m, 0.015 if on else 0.01),
+            Sample("sli:gpu_throttle_reason",
+                   make_labels({**dict(g), "reason": "hw_thermal_slowdown"}),
+                   1.0 if on and (k // 2) % 5 != 0 else 0.0),
+            Sample("sli:gpu_throttle_reason", make_labels({**dict(g), "reason": "sw_power_cap"}),
+                   1.0 if (k // 2) % 2 == 0 else 0.0),
+        ])
+        ts += 30.0
+        k += 1
+    store.flush()
+    moved = moved_with(store, "t1", {"model": "llm", "version": "1"},
+                       recent=(onset, NOW + 60), baseline=(NOW - 3 * 3600, onset))
+    texts = [mv.text for mv in moved]
+    assert texts[0] == "GPU throttled: HW slowdown (thermal) 73 % of the window (0 % before)", texts
+    assert texts[1] == "queue time 15 ms (+50 %)", texts
+    cause = likely_cause(moved)
+    assert cause.startswith("GPU throttled: HW slowdown (thermal)") and "power cap" not in cause
+
+
+def test_a_config_change_is_judged_against_the_hours_before_it_even_with_a_week_ago(
+        store: Store) -> None:
+    # A week of history exists, and the config changed 10 minutes ago with the fill rate
+    # 40 % lower since: the comparison is with the hours just before the change (not the
+    # week-ago baseline, which knows nothing of it), and the alert says so.
+    fill = step_at(ONSET, 0.6, 0.36)
+    write(store, lambda ts: (fill(ts), 20.0, 0.01))
+    write(store, lambda ts: (0.6, 20.0, 0.01), start=NOW - WEEK_S - 3 * 3600,
+          end=NOW - WEEK_S + 3 * 3600, seed=5)
+    store.put_model_config("t1", "llm", {"name": "llm", "max_batch_size": 4}, ONSET)
+    spec = SPEC.model_copy(update={"baseline": "week_ago"})
+    (f,) = detect(store, spec, NOW)
+    ann = dict(f.candidate.annotations)
+    assert f.baseline_kind == "trailing" and ann["deploy_event"] == "config"
+    assert f"since config change at {time.strftime('%H:%M', time.gmtime(ONSET))} UTC" in (
+        ann["summary"]), ann["summary"]
+    # A config an hour and more old is no event: the week-ago baseline decides.
+    store.put_model_config("t1", "llm", {"name": "llm", "max_batch_size": 8}, NOW - 2 * 3600)
+    (f,) = detect(store, spec, NOW)
+    assert f.baseline_kind == "week_ago" and "deploy_event" not in dict(f.candidate.annotations)
