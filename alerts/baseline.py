@@ -17,10 +17,9 @@ same load model), and every alert of that hour says since when:
   the gap.
 
 The latest event wins.  Without one, the baseline windows below apply as they are.  The
-config time is also rewritten when a collector process starts (it writes every config it
-reads first); within that hour the comparison is then with the hours before the collector
-started, which is what the trailing baseline would hold anyway, but the alert says "since
-config change".
+store keeps a config's time only when its content changes, so a collector restart, which
+writes every config it reads again, is no event; a model's very first config is (with no data
+before it, there is nothing to compare against and the windows apply as they are).
 """
 
 from __future__ import annotations

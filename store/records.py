@@ -124,10 +124,14 @@ def put_model_config(
         "config": json.dumps(config, sort_keys=True, separators=(",", ":")),
     }
     stmt = dialect_insert(conn, mc).values(**values)
+    # The same config written again keeps its time: ``fetched_at`` is when this content was
+    # first seen, so a collector restart (which writes every config it reads) is not a config
+    # change to the regression rules' deploy events (alerts/baseline.py).
     conn.execute(
         stmt.on_conflict_do_update(
             index_elements=[mc.c.target, mc.c.model],
             set_={"fetched_at": stmt.excluded.fetched_at, "config": stmt.excluded.config},
+            where=mc.c.config != stmt.excluded.config,
         )
     )
 

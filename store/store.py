@@ -495,9 +495,9 @@ class Store:
             return records.model_configs(conn, target)
 
     def model_config_times(self, target: str | None = None) -> dict[tuple[str, str], float]:
-        """``{(target, model): fetched_at}``: when each stored config was last written (the
-        collector writes a config only when it changed, so this is its latest change, or the
-        first read of a collector process)."""
+        """``{(target, model): fetched_at}``: when each stored config's content was first
+        written (writing the same content again keeps the time, so this is its latest change,
+        or when the model's config was first read at all)."""
         with self._db("read model configs"), transaction(self._engine, write=False) as conn:
             return records.model_configs(conn, target, times=True)
 

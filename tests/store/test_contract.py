@@ -446,6 +446,16 @@ def test_model_configs_are_replaced_per_target_and_model(store: Store) -> None:
     assert list(store.model_configs("t2")) == [("t2", "llm")]
 
 
+def test_a_config_written_again_unchanged_keeps_its_time(store: Store) -> None:
+    # A collector restart writes every config again: that is no config change.
+    store.put_model_config("t1", "llm", {"max_batch_size": 8}, T0)
+    store.put_model_config("t1", "llm", {"max_batch_size": 8}, T0 + 600)
+    assert store.model_config_times() == {("t1", "llm"): T0}
+    store.put_model_config("t1", "llm", {"max_batch_size": 16}, T0 + 1200)
+    assert store.model_config_times("t1") == {("t1", "llm"): T0 + 1200}
+    assert store.model_configs() == {("t1", "llm"): {"max_batch_size": 16}}
+
+
 # --- schema and arguments ------------------------------------------------------------------
 
 
