@@ -92,6 +92,35 @@ class _Server(uvicorn.Server):
         yield
 
 
+#: Open files ``serve`` asks for beyond one per target (database, API, spill, probes).
+OPEN_FILES_SPARE = 512
+
+
+def raise_open_files_limit(targets: int) -> None:
+    """Raise the soft limit on open files towards the hard one when the fleet needs it.
+
+    Each target keeps its scrape connection open between scrapes (collector.scrape.PoolPerUrl),
+    and a common soft limit is 1,024 (Go raises it to the hard limit at start for the same
+    reason).  Never lowered; where the hard limit is too low, a warning says so.
+    """
+    try:
+        import resource
+    except ImportError:  # not a POSIX system
+        return
+    want = targets + OPEN_FILES_SPARE
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= want:
+        return
+    new = want if hard == resource.RLIM_INFINITY else min(want, hard)
+    if new > soft:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+            soft = new
+    if soft < want:
+        log.warning("open files limited to %d (ulimit -n) for %d targets: raise it to at least "
+                    "%d, or scrapes may fail with 'too many open files'", soft, targets, want)
+
+
 def split_listen(listen: str) -> tuple[str, int]:
     host, _, port = listen.rpartition(":")
     return host.strip("[]") or "127.0.0.1", int(port)
@@ -162,6 +191,7 @@ async def _serve(
     sidecar: Callable[[Collector], Coroutine[Any, Any, None]] | None,
     stop: asyncio.Event | None,
 ) -> None:
+    raise_open_files_limit(len(config.targets))
     metrics = SelfMetrics()
     # store.timeseries: the store's samples leave through a remote-write receiver of their
     # own (queue, on-disk buffer, retries), apart from the collector's `remote_write:` list.

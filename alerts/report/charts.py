@@ -21,6 +21,8 @@ from matplotlib.figure import Figure
 from tritonwatch.alerts.report.model import ModelEfficiency, SloSection, TargetCompleteness
 
 _DPI = 110
+#: Most targets the completeness chart draws (the lowest; the table lists them all).
+COMPLETENESS_CHART_MAX = 40
 _OK, _WARN, _BAD, _GREY, _PREV = "#2e7d32", "#f9a825", "#c62828", "#9e9e9e", "#90a4ae"
 
 
@@ -56,7 +58,15 @@ def burn_chart(section: SloSection, hours: float) -> str:
 
 
 def completeness_chart(rows: Sequence[TargetCompleteness], threshold: float) -> str:
-    """Share of expected scrapes stored per target, against the warning line."""
+    """Share of expected scrapes stored per target, against the warning line; of a larger
+    fleet, the :data:`COMPLETENESS_CHART_MAX` targets with the least (the report's table lists
+    every target)."""
+    total = len(rows)
+    if total > COMPLETENESS_CHART_MAX:
+        # One bar per target made a 1,000-target chart 33,000 pixels tall: 120 MB of image
+        # buffer for `serve` to draw, and a picture nobody reads.
+        lowest = sorted(range(total), key=lambda i: rows[i].ratio)[:COMPLETENESS_CHART_MAX]
+        rows = [rows[i] for i in sorted(lowest)]
     fig, ax = plt.subplots(figsize=(8.2, 0.45 + 0.3 * max(1, len(rows))))
     names = [r.target for r in rows]
     ratios = [r.ratio * 100 for r in rows]
@@ -64,7 +74,9 @@ def completeness_chart(rows: Sequence[TargetCompleteness], threshold: float) -> 
     ax.axvline(threshold * 100, color="#424242", lw=0.8, ls="--")
     ax.set_xlim(0, 100)
     ax.invert_yaxis()
-    ax.set_xlabel("% of expected scrapes stored", fontsize=8)
+    ax.set_xlabel("% of expected scrapes stored"
+                  + (f" (the {len(rows)} lowest of {total} targets)" if total > len(rows) else ""),
+                  fontsize=8)
     ax.tick_params(labelsize=8)
     for y, v in enumerate(ratios):
         ax.text(min(v, 97), y, f" {v:.1f} %", va="center", ha="right" if v > 90 else "left",
