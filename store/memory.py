@@ -41,7 +41,7 @@ import numpy.typing as npt
 from tritonwatch.schemas.samples import Labels, label_value, labels_json, make_labels
 from tritonwatch.store.chunks import Merged
 from tritonwatch.store.errors import LimitExceeded, QueryError
-from tritonwatch.store.query import AGGS, ROLLUP_5M_MS
+from tritonwatch.store.query import AGGS, ROLLUP_5M_MS, counter_increases
 from tritonwatch.store.reads import Query, page_window
 from tritonwatch.store.values import SeriesColumns, SeriesKey
 
@@ -369,20 +369,8 @@ class MemorySeries:
             m = self._samples(found, lo, hi, q.max_samples)
         if len(m) < 2:
             return []
-        v = m.values
-        starts, ends = m.groups()
-        step = np.zeros(len(v))
-        with np.errstate(invalid="ignore", over="ignore"):
-            step[1:] = np.where(v[1:] >= v[:-1], v[1:] - v[:-1], v[1:])
-            step = np.maximum(step, 0.0)
-            step[starts] = 0.0
-            sums = np.add.reduceat(step, starts)
-        two = ends - starts >= 2
-        return [
-            (found[r][1], inc, first, last) for r, inc, first, last in zip(
-                m.ids[starts][two].tolist(), sums[two].tolist(), m.ts[starts][two].tolist(),
-                m.ts[ends - 1][two].tolist(), strict=True)
-        ]
+        return [(found[r][1], inc, first, last)
+                for r, inc, first, last in counter_increases(m)]
 
     def series_page(self, q: Query, *, after: SeriesKey | None,
                     limit: int | None) -> list[SeriesKey]:

@@ -289,27 +289,7 @@ def increase(
         m = raw_samples(conn, chunk, lo_ms=lo_ms, hi_ms=hi_ms)
         if len(m) < 2:
             continue
-        v = m.values
-        # Each sample's contribution: 0 for a series' first, else its delta (or, below its
-        # predecessor, its value).
-        starts, ends = m.groups()
-        step = np.zeros(len(v))
-        # inf - inf is NaN, as in SQL; numpy would also warn about it.
-        with np.errstate(invalid="ignore", over="ignore"):
-            step[1:] = np.where(v[1:] >= v[:-1], v[1:] - v[:-1], v[1:])
-            # A counter is never below zero; a target that reports one anyway (the collector
-            # skips such samples at ingest) must not turn an increase or a rate negative.
-            step = np.maximum(step, 0.0)
-            step[starts] = 0.0
-            sums = np.add.reduceat(step, starts)
-        two = ends - starts >= 2
-        for sid, inc, first, last in zip(
-            m.ids[starts][two].tolist(),
-            sums[two].tolist(),
-            m.ts[starts][two].tolist(),
-            m.ts[ends - 1][two].tolist(),
-            strict=True,
-        ):
+        for sid, inc, first, last in counter_increases(m):
             out.append((keys[sid], inc, first, last))
     out.sort(key=lambda item: item[0])
     return out
@@ -590,3 +570,25 @@ def _merge(
     newest = np.repeat(np.maximum.reduceat(a, starts), ends - starts)
     at = np.flatnonzero(a == newest)
     return b[at[np.searchsorted(at, starts)]]
+
+
+def counter_increases(m: Merged) -> list[tuple[int, float, int, int]]:
+    """``(series id, increase, first ms, last ms)`` of each series of ``m`` with at least two
+    samples: the sum of its deltas, a drop counting as a reset (the value after it is the
+    increase)."""
+    v = m.values
+    # Each sample's contribution: 0 for a series' first, else its delta (or, below its
+    # predecessor, its value).
+    starts, ends = m.groups()
+    step = np.zeros(len(v))
+    # inf - inf is NaN, as in SQL; numpy would also warn about it.
+    with np.errstate(invalid="ignore", over="ignore"):
+        step[1:] = np.where(v[1:] >= v[:-1], v[1:] - v[:-1], v[1:])
+        # A counter is never below zero; a target that reports one anyway (the collector
+        # skips such samples at ingest) must not turn an increase or a rate negative.
+        step = np.maximum(step, 0.0)
+        step[starts] = 0.0
+        sums = np.add.reduceat(step, starts)
+    two = ends - starts >= 2
+    return list(zip(m.ids[starts][two].tolist(), sums[two].tolist(),
+                    m.ts[starts][two].tolist(), m.ts[ends - 1][two].tolist(), strict=True))
