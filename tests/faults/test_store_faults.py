@@ -307,7 +307,11 @@ def test_sigterm_after_a_missed_run_ends_promptly(tmp_path: Path,
 SERIES = 1_100
 SPACING = 150.0  # two samples per series per 5 m bucket
 HOURS = 7  # two steps: hours 0-6 and 6-7
-T0 = (int(time.time()) // 3600 - 72) * 3600.0  # an hour boundary three days ago
+# Three hours into a 6-hour span about three days ago, so that the retention cutoff below
+# (T0 + 3 h) is a span boundary whatever the time of day: a cutoff inside a span leaves
+# only chunks straddling it, so the first DELETE removed nothing and the stopped run had
+# done no part (the test failed from 00:00 to 03:00 UTC, and every 6 h after).
+T0 = (int(time.time()) // 21600 - 12) * 21600.0 + 3 * 3600.0
 
 
 def _fill(store: Store) -> None:
