@@ -54,8 +54,9 @@ table) stored.  Compacted chunks keep the highest ``seq`` they merged (see
 
 from __future__ import annotations
 
+import hashlib
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
 import numpy as np
@@ -82,6 +83,10 @@ I64_MAX = int(np.iinfo(np.int64).max)
 
 #: Format byte of a compressed chunk (see the module docstring).
 FORMAT_PCO = 1
+#: Format byte of a compressed chunk whose timestamps are stored once for the series sharing
+#: them (``chunk_timestamps``, see the module docstring): the byte, the 8-byte key of the
+#: timestamp column (:func:`timestamps_key`), then the values as in :data:`FORMAT_PCO`.
+FORMAT_PCO_SHARED = 2
 #: The pcodec wrapped-format file header compressed chunks are written and read under.  Kept
 #: here rather than asked of the installed pcodec: data written today must decode the same way
 #: after an upgrade, and an upgrade that writes another header is refused (:func:`_pco`).
@@ -301,13 +306,152 @@ def compress(chunks: Encoded, *, limit: int = MAX_CHUNK_BYTES) -> Encoded:
     return from_pieces(ids, starts, ends, ns, parts)
 
 
+#: ``(start_ms, key)`` of a shared timestamp column (a row of ``chunk_timestamps``).
+TsRef = tuple[int, int]
+
+
+class SharedColumn(NamedTuple):
+    """A timestamp column stored once (a row of ``chunk_timestamps``) for the chunks of every
+    series scraped at those instants."""
+
+    start_ms: int
+    key: int
+    end_ms: int
+    n: int
+    #: The timestamps as one pcodec chunk (metadata and page, under :data:`PCO_HEADER`).
+    data: bytes
+
+
+def timestamps_key(ts: I64) -> int:
+    """The content key of a timestamp column: 64 bits of BLAKE2b over its little-endian
+    words, as a signed int64 (a database's BIGINT)."""
+    digest = hashlib.blake2b(np.ascontiguousarray(ts, _LE_I64).tobytes(), digest_size=8)
+    return int.from_bytes(digest.digest(), "little", signed=True)
+
+
+def _pack_column(column: I64 | F64) -> bytes:
+    compressor, _, config = _pco()
+    cc = compressor.chunk_compressor(column, config)
+    meta: bytes = cc.write_meta()
+    return meta + b"".join(cc.write_page(k) for k in range(len(cc.n_per_page())))
+
+
+def compress_shared(
+    chunks: Encoded, *, share_from_ms: int = I64_MIN, limit: int = MAX_CHUNK_BYTES,
+) -> tuple[Encoded, list[SharedColumn]]:
+    """:func:`compress`, but a chunk (or piece) whose timestamp column recurs in ``chunks``
+    (the series of one target, scraped at the same instants) refers to it
+    (:data:`FORMAT_PCO_SHARED`) instead of holding it: returns the chunks and the shared
+    columns they refer to, one each, for ``chunk_timestamps``.
+
+    Where a column does not recur (a series with samples missing, late or out of step) or
+    starts before ``share_from_ms`` (what retention may be collecting, see
+    ``store.retention``), the chunk holds its timestamps itself, as :func:`compress` writes.
+    A piece is cut where the shared layout's size says, so series of similar values cut
+    theirs at the same samples and share them too.
+    """
+    if not len(chunks):
+        return chunks, []
+    words = np.frombuffer(chunks.buf, _LE_I64)
+    prefix = bytes([FORMAT_PCO_SHARED])
+    # First pass: every chunk in shared-layout pieces; count each timestamp column's uses.
+    planned: list[tuple[int, I64, F64, list[Piece]]] = []
+    uses: dict[TsRef, int] = {}
+    for sid, at, n in zip(chunks.ids.tolist(), (chunks.offsets // 8).tolist(),
+                          chunks.n.tolist(), strict=True):
+        ts = words[at : at + n]
+        values = words[at + n : at + 2 * n].view(_LE_F64)
+
+        def packed(lo: int, hi: int, ts: I64 = ts, values: F64 = values) -> bytes:
+            key = timestamps_key(ts[lo:hi])
+            return prefix + key.to_bytes(8, "little", signed=True) + _pack_column(values[lo:hi])
+
+        def raw(lo: int, hi: int, ts: I64 = ts, values: F64 = values) -> bytes:
+            return _raw(ts[lo:hi], values[lo:hi])
+
+        parts = pieces(n, packed, raw, limit=limit)
+        for lo, _hi, blob in parts:
+            if blob[:1] == prefix:
+                ref = (int(ts[lo]), int.from_bytes(blob[1:9], "little", signed=True))
+                uses[ref] = uses.get(ref, 0) + 1
+        planned.append((sid, ts, values, parts))
+    # Second pass: a piece whose column is used once (or too old to share) holds it itself.
+    ids: list[int] = []
+    starts: list[int] = []
+    ends: list[int] = []
+    ns: list[int] = []
+    blobs: list[bytes] = []
+    shared: dict[TsRef, SharedColumn] = {}
+    for sid, ts, values, parts in planned:
+        for lo, hi, blob in parts:
+            got = [(lo, hi, blob)]
+            if blob[:1] == prefix:
+                ref = (int(ts[lo]), int.from_bytes(blob[1:9], "little", signed=True))
+                if uses[ref] < 2 or ref[0] < share_from_ms or len(blob) == 16 * (hi - lo):
+                    got = [(lo + a, lo + b, part) for a, b, part in _inline_pieces(
+                        ts[lo:hi], values[lo:hi], limit)]
+                elif ref not in shared:
+                    shared[ref] = SharedColumn(ref[0], ref[1], int(ts[hi - 1]), hi - lo,
+                                               _pack_column(ts[lo:hi]))
+            for a, b, part in got:
+                ids.append(sid)
+                starts.append(int(ts[a]))
+                ends.append(int(ts[b - 1]))
+                ns.append(b - a)
+                blobs.append(part)
+    return from_pieces(ids, starts, ends, ns, blobs), list(shared.values())
+
+
+def _raw(ts: I64, values: F64) -> bytes:
+    return ts.astype(_LE_I64).tobytes() + values.astype(_LE_F64).tobytes()
+
+
+def _inline_pieces(ts: I64, values: F64, limit: int) -> list[Piece]:
+    """``ts``/``values`` as :func:`compress` stores them: pieces holding their timestamps."""
+    prefix = bytes([FORMAT_PCO])
+
+    def packed(lo: int, hi: int) -> bytes:
+        return prefix + _pack_column(ts[lo:hi]) + _pack_column(values[lo:hi])
+
+    return pieces(len(ts), packed, lambda lo, hi: _raw(ts[lo:hi], values[lo:hi]), limit=limit)
+
+
+def shared_refs(starts: I64 | list[int], blobs: list[bytes]) -> set[TsRef]:
+    """The shared timestamp columns (``(start_ms, key)``) the chunks starting at ``starts``
+    with data ``blobs`` refer to."""
+    tag = FORMAT_PCO_SHARED
+    return {
+        (int(s), int.from_bytes(b[1:9], "little", signed=True))
+        for s, b in zip(list(starts), blobs, strict=True)
+        if b and b[0] == tag
+    }
+
+
+def unpack_timestamps(data: bytes, n: int) -> I64:
+    """A shared timestamp column (``chunk_timestamps.data``) of ``n`` samples."""
+    _, decompressor, _ = _pco()
+    out = np.empty(n, np.int64)
+    try:
+        cd, used = decompressor.chunk_decompressor(data, "i64")
+        progress, used2 = cd.read_page_into(data[used:], n, out)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"a shared timestamp column of {n} samples is damaged: {exc}") from exc
+    if progress.n_processed != n or used + used2 != len(data):
+        raise ValueError(f"a shared timestamp column of {n} samples is damaged")
+    return out
+
+
 def is_raw(size: int, n: int) -> bool:
     """Whether a chunk of ``n`` samples whose data is ``size`` bytes is stored raw."""
     return size == 16 * n
 
 
-def _unpack(blob: bytes, n: int) -> tuple[I64, F64]:
-    """The timestamps and values of one compressed chunk."""
+def _unpack(blob: bytes, n: int, start: int | None = None,
+            shared: Mapping[TsRef, I64] | None = None) -> tuple[I64, F64]:
+    """The timestamps and values of one compressed chunk (starting at ``start``; its shared
+    timestamp column, if it refers to one, in ``shared``)."""
+    if blob and blob[0] == FORMAT_PCO_SHARED:
+        return _unpack_shared(blob, n, start, shared)
     if not blob or blob[0] != FORMAT_PCO:
         what = f"format byte {blob[0]}" if blob else "empty"
         raise ValueError(
@@ -335,9 +479,35 @@ def _unpack(blob: bytes, n: int) -> tuple[I64, F64]:
     return ts, values
 
 
-def columns(ns: I64, blobs: list[bytes]) -> tuple[I64, F64]:
+def _unpack_shared(blob: bytes, n: int, start: int | None,
+                   shared: Mapping[TsRef, I64] | None) -> tuple[I64, F64]:
+    key = int.from_bytes(blob[1:9], "little", signed=True)
+    ts = None if shared is None or start is None else shared.get((start, key))
+    if ts is None or len(ts) != n:
+        raise ValueError(
+            f"a sample chunk of {n} samples starting at {start} ms refers to a shared "
+            f"timestamp column ({key}) that was not found"
+            + ("" if ts is None else f" with {n} samples (it has {len(ts)})"))
+    _, decompressor, _ = _pco()
+    rest = blob[9:]
+    values = np.empty(n, np.float64)
+    try:
+        cd, used = decompressor.chunk_decompressor(rest, "f64")
+        progress, used2 = cd.read_page_into(rest[used:], n, values)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"a compressed sample chunk of {n} samples is damaged: {exc}") from exc
+    if progress.n_processed != n or used + used2 != len(rest):
+        raise ValueError(f"a compressed sample chunk of {n} samples is damaged")
+    return ts, values
+
+
+def columns(ns: I64, blobs: list[bytes], *, starts: I64 | None = None,
+            shared: Mapping[TsRef, I64] | None = None) -> tuple[I64, F64]:
     """The timestamps and values of the chunks (``ns[i]`` samples in ``blobs[i]``, raw or
-    compressed) one after the other.  Raises ValueError on data that is neither."""
+    compressed) one after the other.  A chunk referring to a shared timestamp column
+    (:data:`FORMAT_PCO_SHARED`) needs its start (``starts[i]``) and that column in ``shared``
+    (``store.query.shared_timestamps`` reads them).  Raises ValueError on data that is
+    neither, or a shared column not given."""
     total = int(ns.sum())
     sizes = np.fromiter(map(len, blobs), np.int64, len(blobs))
     raw = sizes == 16 * ns
@@ -352,13 +522,15 @@ def columns(ns: I64, blobs: list[bytes]) -> tuple[I64, F64]:
     ts = np.empty(total, np.int64)
     values = np.empty(total, np.float64)
     pos = 0
-    for blob, n, is_raw_chunk in zip(blobs, ns.tolist(), raw.tolist(), strict=True):
+    start_list: list[int | None] = [None] * len(blobs) if starts is None else starts.tolist()
+    for blob, n, is_raw_chunk, start in zip(blobs, ns.tolist(), raw.tolist(), start_list,
+                                            strict=True):
         if is_raw_chunk:
             words = np.frombuffer(blob, _LE_I64)
             ts[pos : pos + n] = words[:n]
             values[pos : pos + n] = words[n:].view(_LE_F64)
         else:
-            ts[pos : pos + n], values[pos : pos + n] = _unpack(blob, n)
+            ts[pos : pos + n], values[pos : pos + n] = _unpack(blob, n, start, shared)
         pos += n
     return ts, values
 
@@ -372,18 +544,20 @@ def merge(
     *,
     lo_ms: int = I64_MIN,
     hi_ms: int = I64_MAX,
+    shared: Mapping[TsRef, I64] | None = None,
 ) -> Merged:
     """Decode chunks (given as parallel columns, in any order) into their samples in
     ``[lo_ms, hi_ms]``, keeping the last write of each ``(id, ts)`` (see the module docstring).
 
     Raises ValueError if a chunk's data is neither raw ``16 * n`` bytes nor a compressed
-    chunk of ``n`` samples.
+    chunk of ``n`` samples, or refers to a shared timestamp column not in ``shared``.
     """
     if not len(ids):
         return Merged(np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.float64))
     order = np.lexsort((starts, seqs, ids))  # series, then write order
     counts = ns[order]
-    ts, values = columns(counts, [blobs[i] for i in order.tolist()])
+    ts, values = columns(counts, [blobs[i] for i in order.tolist()], starts=starts[order],
+                         shared=shared)
     sids = np.repeat(ids[order], counts)
     keep = (ts >= lo_ms) & (ts <= hi_ms)
     if not keep.all():
@@ -396,10 +570,11 @@ def merge(
     return Merged(sids, ts, values)
 
 
-def decode(ids: I64, seqs: I64, ns: I64, blobs: list[bytes]) -> tuple[I64, I64, F64, I64]:
+def decode(ids: I64, seqs: I64, ns: I64, blobs: list[bytes], *, starts: I64 | None = None,
+           shared: Mapping[TsRef, I64] | None = None) -> tuple[I64, I64, F64, I64]:
     """Every sample of the chunks given as parallel columns: ``(ids, ts, values, seqs)``,
     grouped by chunk in the given order.  Raises ValueError as :func:`merge` does."""
-    ts, values = columns(ns, blobs)
+    ts, values = columns(ns, blobs, starts=starts, shared=shared)
     return np.repeat(ids, ns), ts, values, np.repeat(seqs, ns)
 
 
