@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import struct
 from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
@@ -84,9 +85,16 @@ I64_MAX = int(np.iinfo(np.int64).max)
 #: Format byte of a compressed chunk (see the module docstring).
 FORMAT_PCO = 1
 #: Format byte of a compressed chunk whose timestamps are stored once for the series sharing
-#: them (``chunk_timestamps``, see the module docstring): the byte, the 8-byte key of the
-#: timestamp column (:func:`timestamps_key`), then the values as in :data:`FORMAT_PCO`.
+#: them (``chunk_timestamps``, see the module docstring): the header :data:`_SHARED_HEAD`,
+#: then the values as in :data:`FORMAT_PCO`.
 FORMAT_PCO_SHARED = 2
+#: A shared chunk's header: the format byte, the column's key, how long before the chunk's
+#: first sample the column starts (ms), and at which of its samples the chunk starts.
+_SHARED_HEAD = struct.Struct("<BqII")
+_SHARED_TAG = bytes([FORMAT_PCO_SHARED])
+#: The longest column shared (its offsets fit the header); compaction's chunks hold at most
+#: :data:`MAX_SAMPLES`.
+_SHARED_MAX = 1 << 31
 #: The pcodec wrapped-format file header compressed chunks are written and read under.  Kept
 #: here rather than asked of the installed pcodec: data written today must decode the same way
 #: after an upgrade, and an upgrade that writes another header is refused (:func:`_pco`).
@@ -339,66 +347,56 @@ def _pack_column(column: I64 | F64) -> bytes:
 def compress_shared(
     chunks: Encoded, *, share_from_ms: int = I64_MIN, limit: int = MAX_CHUNK_BYTES,
 ) -> tuple[Encoded, list[SharedColumn]]:
-    """:func:`compress`, but a chunk (or piece) whose timestamp column recurs in ``chunks``
-    (the series of one target, scraped at the same instants) refers to it
-    (:data:`FORMAT_PCO_SHARED`) instead of holding it: returns the chunks and the shared
-    columns they refer to, one each, for ``chunk_timestamps``.
+    """:func:`compress`, but a chunk whose timestamp column recurs in ``chunks`` (the series
+    of one target, scraped at the same instants) refers to it (:data:`FORMAT_PCO_SHARED`)
+    instead of holding it: returns the chunks and the shared columns they refer to, one each,
+    for ``chunk_timestamps``.  A piece of such a chunk (one over ``limit`` bytes is cut, see
+    :func:`pieces`) refers to the whole chunk's column and its offset in it, so series whose
+    values cut into other pieces share it all the same.
 
     Where a column does not recur (a series with samples missing, late or out of step) or
     starts before ``share_from_ms`` (what retention may be collecting, see
     ``store.retention``), the chunk holds its timestamps itself, as :func:`compress` writes.
-    A piece is cut where the shared layout's size says, so series of similar values cut
-    theirs at the same samples and share them too.
     """
     if not len(chunks):
         return chunks, []
     words = np.frombuffer(chunks.buf, _LE_I64)
-    prefix = bytes([FORMAT_PCO_SHARED])
-    # First pass: every chunk in shared-layout pieces; count each timestamp column's uses.
-    planned: list[tuple[int, I64, F64, list[Piece]]] = []
+    cols: list[tuple[int, I64, F64, TsRef]] = []
     uses: dict[TsRef, int] = {}
     for sid, at, n in zip(chunks.ids.tolist(), (chunks.offsets // 8).tolist(),
                           chunks.n.tolist(), strict=True):
         ts = words[at : at + n]
-        values = words[at + n : at + 2 * n].view(_LE_F64)
-
-        def packed(lo: int, hi: int, ts: I64 = ts, values: F64 = values) -> bytes:
-            key = timestamps_key(ts[lo:hi])
-            return prefix + key.to_bytes(8, "little", signed=True) + _pack_column(values[lo:hi])
-
-        def raw(lo: int, hi: int, ts: I64 = ts, values: F64 = values) -> bytes:
-            return _raw(ts[lo:hi], values[lo:hi])
-
-        parts = pieces(n, packed, raw, limit=limit)
-        for lo, _hi, blob in parts:
-            if blob[:1] == prefix:
-                ref = (int(ts[lo]), int.from_bytes(blob[1:9], "little", signed=True))
-                uses[ref] = uses.get(ref, 0) + 1
-        planned.append((sid, ts, values, parts))
-    # Second pass: a piece whose column is used once (or too old to share) holds it itself.
+        ref = (int(ts[0]), timestamps_key(ts))
+        uses[ref] = uses.get(ref, 0) + 1
+        cols.append((sid, ts, words[at + n : at + 2 * n].view(_LE_F64), ref))
     ids: list[int] = []
     starts: list[int] = []
     ends: list[int] = []
     ns: list[int] = []
     blobs: list[bytes] = []
     shared: dict[TsRef, SharedColumn] = {}
-    for sid, ts, values, parts in planned:
-        for lo, hi, blob in parts:
-            got = [(lo, hi, blob)]
-            if blob[:1] == prefix:
-                ref = (int(ts[lo]), int.from_bytes(blob[1:9], "little", signed=True))
-                if uses[ref] < 2 or ref[0] < share_from_ms or len(blob) == 16 * (hi - lo):
-                    got = [(lo + a, lo + b, part) for a, b, part in _inline_pieces(
-                        ts[lo:hi], values[lo:hi], limit)]
-                elif ref not in shared:
-                    shared[ref] = SharedColumn(ref[0], ref[1], int(ts[hi - 1]), hi - lo,
-                                               _pack_column(ts[lo:hi]))
-            for a, b, part in got:
-                ids.append(sid)
-                starts.append(int(ts[a]))
-                ends.append(int(ts[b - 1]))
-                ns.append(b - a)
-                blobs.append(part)
+    for sid, ts, values, ref in cols:
+        if uses[ref] < 2 or ref[0] < share_from_ms or len(ts) > _SHARED_MAX:
+            parts = _inline_pieces(ts, values, limit)
+        else:
+            def packed(lo: int, hi: int, ts: I64 = ts, values: F64 = values,
+                       key: int = ref[1]) -> bytes:
+                return _SHARED_HEAD.pack(FORMAT_PCO_SHARED, key, int(ts[lo] - ts[0]),
+                                         lo) + _pack_column(values[lo:hi])
+
+            def raw(lo: int, hi: int, ts: I64 = ts, values: F64 = values) -> bytes:
+                return _raw(ts[lo:hi], values[lo:hi])
+
+            parts = pieces(len(ts), packed, raw, limit=limit)
+            if ref not in shared and any(p[2][:1] == _SHARED_TAG for p in parts):
+                shared[ref] = SharedColumn(ref[0], ref[1], int(ts[-1]), len(ts),
+                                           _pack_column(ts))
+        for lo, hi, part in parts:
+            ids.append(sid)
+            starts.append(int(ts[lo]))
+            ends.append(int(ts[hi - 1]))
+            ns.append(hi - lo)
+            blobs.append(part)
     return from_pieces(ids, starts, ends, ns, blobs), list(shared.values())
 
 
@@ -419,12 +417,12 @@ def _inline_pieces(ts: I64, values: F64, limit: int) -> list[Piece]:
 def shared_refs(starts: I64 | list[int], blobs: list[bytes]) -> set[TsRef]:
     """The shared timestamp columns (``(start_ms, key)``) the chunks starting at ``starts``
     with data ``blobs`` refer to."""
-    tag = FORMAT_PCO_SHARED
-    return {
-        (int(s), int.from_bytes(b[1:9], "little", signed=True))
-        for s, b in zip(list(starts), blobs, strict=True)
-        if b and b[0] == tag
-    }
+    out: set[TsRef] = set()
+    for start, blob in zip(list(starts), blobs, strict=True):
+        if blob[:1] == _SHARED_TAG and len(blob) >= _SHARED_HEAD.size:
+            _, key, before, _ = _SHARED_HEAD.unpack_from(blob)
+            out.add((int(start) - before, key))
+    return out
 
 
 def unpack_timestamps(data: bytes, n: int) -> I64:
@@ -481,15 +479,19 @@ def _unpack(blob: bytes, n: int, start: int | None = None,
 
 def _unpack_shared(blob: bytes, n: int, start: int | None,
                    shared: Mapping[TsRef, I64] | None) -> tuple[I64, F64]:
-    key = int.from_bytes(blob[1:9], "little", signed=True)
-    ts = None if shared is None or start is None else shared.get((start, key))
-    if ts is None or len(ts) != n:
+    if len(blob) < _SHARED_HEAD.size:
+        raise ValueError(f"a compressed sample chunk of {n} samples is damaged: "
+                         f"{len(blob)} bytes")
+    _, key, before, offset = _SHARED_HEAD.unpack_from(blob)
+    column = None if shared is None or start is None else shared.get((start - before, key))
+    if column is None or offset + n > len(column) or column[offset] != start:
         raise ValueError(
             f"a sample chunk of {n} samples starting at {start} ms refers to a shared "
-            f"timestamp column ({key}) that was not found"
-            + ("" if ts is None else f" with {n} samples (it has {len(ts)})"))
+            f"timestamp column ({key}, from sample {offset}) that was not found"
+            + ("" if column is None else f" to hold them ({len(column)} samples)"))
+    ts = column[offset : offset + n]
     _, decompressor, _ = _pco()
-    rest = blob[9:]
+    rest = blob[_SHARED_HEAD.size :]
     values = np.empty(n, np.float64)
     try:
         cd, used = decompressor.chunk_decompressor(rest, "f64")

@@ -387,8 +387,8 @@ def aggregate(m: Merged, step_ms: int) -> Aggregates:
     return Aggregates(
         ids=m.ids[starts],
         buckets=b[starts],
-        min=np.fmin.reduceat(v, starts),
-        max=np.fmax.reduceat(v, starts),
+        min=rollup_chunks.nan_min(v, starts),
+        max=rollup_chunks.nan_max(v, starts),
         sum=total,
         n=ends - starts,
         last_ts=m.ts[ends - 1],
@@ -437,9 +437,9 @@ def _parts(
         elif agg == "count":
             x = np.add.reduceat(rows.n, starts).astype(np.float64)
         elif agg == "min":
-            x = np.fmin.reduceat(rows.min, starts)
+            x = rollup_chunks.nan_min(rows.min, starts)
         elif agg == "max":
-            x = np.fmax.reduceat(rows.max, starts)
+            x = rollup_chunks.nan_max(rows.max, starts)
         else:  # last: the newest row's timestamp and value
             return _Parts(sids, buckets, rows.ts[ends - 1].astype(np.float64),
                           rows.last[ends - 1])
@@ -606,9 +606,9 @@ def _merge(
         if agg in ("sum", "count"):
             return np.add.reduceat(a, starts)
     if agg == "min":
-        return np.fmin.reduceat(a, starts)
+        return rollup_chunks.nan_min(a, starts)
     if agg == "max":
-        return np.fmax.reduceat(a, starts)
+        return rollup_chunks.nan_max(a, starts)
     # last: the value of the newest partial; of equal timestamps, the earlier source's.
     newest = np.repeat(np.maximum.reduceat(a, starts), ends - starts)
     at = np.flatnonzero(a == newest)

@@ -288,9 +288,33 @@ def decode(
     return rows
 
 
+def _skip_nan(ufunc: np.ufunc, fill: float, values: F64, starts: I64) -> F64:
+    """``ufunc.reduceat`` over the runs of ``values`` starting at ``starts``, NaN skipped (NaN
+    only where a run holds nothing else), as Prometheus's min/max_over_time.  Not ``np.fmin``:
+    a signalling NaN such as the stale marker ``0x7ff0000000000002`` makes numpy's fmin (and
+    nanmin) answer another number of the run (measured: 4.0 for [3, stale, 5, 4])."""
+    nan = np.isnan(values)
+    if not nan.any():
+        out: F64 = ufunc.reduceat(values, starts)
+        return out
+    out = ufunc.reduceat(np.where(nan, fill, values), starts)
+    out[np.add.reduceat(~nan, starts) == 0] = np.nan
+    return out
+
+
+def nan_min(values: F64, starts: I64) -> F64:
+    """The least of each run of ``values`` (starting at ``starts``) that is a number."""
+    return _skip_nan(np.minimum, np.inf, values, starts)
+
+
+def nan_max(values: F64, starts: I64) -> F64:
+    """The greatest of each run of ``values`` (starting at ``starts``) that is a number."""
+    return _skip_nan(np.maximum, -np.inf, values, starts)
+
+
 def aggregate(rows: Rows, res: int) -> Rows:
     """Rows of a coarser resolution ``res`` from ``rows`` (sorted by ``(ids, ts)``): min of
-    mins, max of maxes, sums of sums and counts, the last of the newest row."""
+    mins, max of maxes (NaN skipped), sums of sums and counts, the last of the newest row."""
     b = rows.ts // res * res
     starts, ends = run_bounds(rows.ids, b)
     if not len(starts):
@@ -298,7 +322,7 @@ def aggregate(rows: Rows, res: int) -> Rows:
     with np.errstate(invalid="ignore", over="ignore"):
         total = np.add.reduceat(rows.sum, starts)
     return Rows(
-        rows.ids[starts], b[starts], np.fmin.reduceat(rows.min, starts),
-        np.fmax.reduceat(rows.max, starts), total, np.add.reduceat(rows.n, starts),
+        rows.ids[starts], b[starts], nan_min(rows.min, starts),
+        nan_max(rows.max, starts), total, np.add.reduceat(rows.n, starts),
         rows.last[ends - 1],
     )
