@@ -22,6 +22,19 @@ first and last timestamp (``start_ms``, ``end_ms``) and ``seq``.  Its ``data`` i
   Encoding costs about 45 us per chunk whatever its size (pcodec's mode search), which is why
   the frequent small chunks of the log's moves stay raw and only hour chunks are compressed.
 
+* **shared timestamps** (schema 6): the format byte :data:`FORMAT_PCO_SHARED`, a header
+  naming a timestamp column stored once in ``chunk_timestamps`` (its first timestamp, as the
+  chunk's start minus a delta, and a 64-bit hash of its content) and the chunk's offset in
+  it, then the values as one pcodec chunk.  All series of a target are scraped at the same
+  instants, so their span chunks have the same timestamp column, which was 0.7 of the 1.7
+  bytes a compressed sample took; compaction's span merges (``compress_shared``) store it
+  once for every chunk of the batch that has it, and a chunk whose column no other has (a
+  series with missing scrapes or skipped NaN, late samples) holds its own, as above.  Readers
+  fetch the columns their chunks name (``store.query.shared_timestamps``), each once.
+  Retention deletes the columns ending before its cutoff after the chunks there.
+  Measured with ``bench/storage.py`` (24 h, SQLite, bytes per sample in ``sample_chunks``
+  and ``chunk_timestamps``): 566 series at 15 s 1.84 -> 1.05, 116 series at 30 s 2.09 -> 1.28.
+
 A compressed chunk never is ``16 * n`` bytes long (:func:`compress` keeps a chunk raw unless
 compressing it saves bytes), so the length alone tells the two apart; the format byte leaves
 room for other codecs.

@@ -13,7 +13,13 @@ Data.  Either **raw**, exactly ``48 * n`` bytes: the six columns one after the o
 ``n`` little-endian words (``count`` an int64, the others float64); or **compressed**: the
 format byte :data:`FORMAT_PCO`, six little-endian uint16 byte lengths, then each column as a
 pcodec chunk (metadata and one page, under ``store.chunks.PCO_HEADER``), so that a reader
-decodes only the columns its aggregation needs.  A compressed chunk is never ``48 * n`` bytes
+decodes only the columns its aggregation needs.  Since schema 6 compaction writes the format
+byte :data:`FORMAT_COLUMNS` instead, with a mode byte per column before the lengths: a column
+is a pcodec chunk, or one word when every bucket has the same value (``count`` of a regular
+scrape, a gauge that held still), or the step of evenly spaced bucket starts (``ts``, almost
+always), or nothing when it equals ``last`` (a counter's ``max``; ``min`` and ``sum`` of a
+bucket of one sample).  ``bench/storage.py``, 24 h on SQLite, 5 m rollups in bytes per raw
+sample: 0.48 -> 0.36 (566 series at 15 s), 0.88 -> 0.63 (116 at 30 s).  A compressed chunk is never ``48 * n`` bytes
 (:func:`compress` keeps a chunk raw unless compressing saves bytes).  Lossless to the bit, like
 the sample chunks (``tests/store/test_rollup_chunks.py``).
 
