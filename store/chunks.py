@@ -33,7 +33,7 @@ first and last timestamp (``start_ms``, ``end_ms``) and ``seq``.  Its ``data`` i
   fetch the columns their chunks name (``store.query.shared_timestamps``), each once.
   Retention deletes the columns ending before its cutoff after the chunks there.
   Measured with ``bench/storage.py`` (24 h, SQLite, bytes per sample in ``sample_chunks``
-  and ``chunk_timestamps``): 566 series at 15 s 1.84 -> 1.05, 116 series at 30 s 2.09 -> 1.28.
+  and ``chunk_timestamps``): 566 series at 15 s 1.84 -> 1.04, 116 series at 30 s 2.09 -> 1.27.
 
 A compressed chunk never is ``16 * n`` bytes long (:func:`compress` keeps a chunk raw unless
 compressing it saves bytes), so the length alone tells the two apart; the format byte leaves

@@ -19,9 +19,10 @@ is a pcodec chunk, or one word when every bucket has the same value (``count`` o
 scrape, a gauge that held still), or the step of evenly spaced bucket starts (``ts``, almost
 always), or nothing when it equals ``last`` (a counter's ``max``; ``min`` and ``sum`` of a
 bucket of one sample).  ``bench/storage.py``, 24 h on SQLite, 5 m rollups in bytes per raw
-sample: 0.48 -> 0.36 (566 series at 15 s), 0.88 -> 0.63 (116 at 30 s).  A compressed chunk is never ``48 * n`` bytes
-(:func:`compress` keeps a chunk raw unless compressing saves bytes).  Lossless to the bit, like
-the sample chunks (``tests/store/test_rollup_chunks.py``).
+sample: 0.48 -> 0.36 (566 series at 15 s), 0.88 -> 0.63 (116 at 30 s).  A compressed chunk is
+never ``48 * n`` bytes (:func:`compress` keeps a chunk raw unless compressing saves bytes).
+Lossless to the bit, like the sample chunks (``tests/store/test_rollup_chunks.py``,
+``tests/faults/test_storage_disk.py``).
 
 Last write wins, as for samples: a rollup run takes a new ``seq`` and appends a chunk per
 series and window; of two buckets with the same start the one of the higher ``seq`` counts,
