@@ -24,7 +24,9 @@ jittered scrape times) of a 116-series target scraped every 30 s and a 566-serie
    table from ``dbstat``), PostgreSQL's tables with their indexes and TOAST after VACUUM FULL.
    Written: SQLite's write() bytes (``/proc/self/io`` wchar: WAL and checkpoints); PostgreSQL's
    WAL bytes plus the data pages its checkpointer, background writer and backends wrote.
-   Per sample stored (tritonwatch skips NaN samples; the Prometheus column counts them too).
+   Per sample stored (tritonwatch skips NaN samples; the Prometheus column counts them too),
+   and beside it the bytes beyond an empty store's (a page or more per table and index: a
+   fixed cost, a tenth of the 116-series day on SQLite and more on PostgreSQL).
    Maintenance's share of the writes is counted apart (SQLite: write() bytes; PostgreSQL: WAL).
 """
 
@@ -49,7 +51,8 @@ from tritonwatch.store import chunks as ck
 from tritonwatch.store import open_store
 
 HOUR_MS = 3_600_000
-TABLES = ("sample_chunks", "sample_log", "series", "rollup_chunks_5m", "rollup_chunks_1h", "meta")
+TABLES = ("sample_chunks", "chunk_timestamps", "sample_log", "series", "rollup_chunks_5m",
+          "rollup_chunks_1h", "meta")
 
 
 def hour_chunks(day: Day) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -285,9 +288,50 @@ def tritonwatch_sqlite(day: Day, work: Path) -> None:
     ).fetchall())
     conn.close()
     size = path.stat().st_size
-    _print_tw("SQLite", day, size, written, seconds, tables, maint)
+    _print_tw("SQLite", day, size, written, seconds, tables, maint, _sqlite_empty(work))
     for p in work.glob("tw.db*"):
         p.unlink()
+
+
+def _sqlite_empty(work: Path) -> int:
+    """Bytes of an empty store's database (the schema's pages: a page per table and index)."""
+    path = work / "empty.db"
+    store = open_store(f"sqlite:///{path}")
+    store.migrations.apply()
+    store.close()
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.execute("VACUUM")
+    conn.close()
+    size = path.stat().st_size
+    for p in work.glob("empty.db*"):
+        p.unlink()
+    return size
+
+
+def _pg_size(url: str) -> int:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("VACUUM FULL")
+        row = conn.execute(
+            "SELECT sum(pg_total_relation_size(c.oid)) FROM pg_class c JOIN pg_namespace n "
+            "ON n.oid = c.relnamespace WHERE n.nspname = 'public' AND c.relkind = 'r'"
+        ).fetchone()
+        assert row is not None
+        return int(row[0])
+
+
+def _pg_empty(base_url: str) -> int:
+    """Bytes of an empty store's tables, indexes and TOAST (their first pages)."""
+    admin = base_url.rsplit("/", 1)[0] + "/postgres"
+    name = "tw_storage_empty"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    url = base_url.rsplit("/", 1)[0] + "/" + name
+    store = open_store(url)
+    store.migrations.apply()
+    store.close()
+    return _pg_size(url)
 
 
 def tritonwatch_postgres(day: Day, base_url: str, name: str) -> None:
@@ -305,21 +349,19 @@ def tritonwatch_postgres(day: Day, base_url: str, name: str) -> None:
             t: int(conn.execute("SELECT pg_total_relation_size(%s)", (t,)).fetchone()[0])  # type: ignore[index]
             for t in TABLES
         }
-        row = conn.execute(
-            "SELECT sum(pg_total_relation_size(c.oid)) FROM pg_class c JOIN pg_namespace n "
-            "ON n.oid = c.relnamespace WHERE n.nspname = 'public' AND c.relkind = 'r'"
-        ).fetchone()
-        assert row is not None
-        size = int(row[0])
-    _print_tw("PostgreSQL", day, size, written, seconds, tables, maint)
+    size = _pg_size(url)
+    _print_tw("PostgreSQL", day, size, written, seconds, tables, maint, _pg_empty(base_url))
 
 
 def _print_tw(backend: str, day: Day, size: int, written: int, seconds: float,
-              tables: dict[str, int], maint: int) -> None:
+              tables: dict[str, int], maint: int, empty: int) -> None:
     n = day.stored_samples
     parts = ", ".join(f"{t} {tables[t] / n:.2f}" for t in TABLES if tables.get(t))
     what = "write() bytes" if backend == "SQLite" else "WAL bytes"
-    print(f"  tritonwatch {backend:10s}: {size / n:.2f} B/sample on disk ({parts}); "
+    # An empty store's pages (every table and index has at least one) are a fixed cost, not
+    # one per sample: a tenth of a day of one small target.  Printed apart, not subtracted.
+    print(f"  tritonwatch {backend:10s}: {size / n:.2f} B/sample on disk ({parts}; "
+          f"{(size - empty) / n:.2f} beyond the {empty / 1024:.0f} KiB of an empty store); "
           f"{written / n:.1f} B written per sample (of which maintenance's {what} "
           f"{maint / n:.1f}); ingest+maintenance {seconds:.0f} s")
 

@@ -36,7 +36,10 @@ from sqlalchemy import (
 #: tritonwatch could not read; ``store.migrate.recompress_chunks`` upgrades version 3.
 #: 5: rollups stored as compressed column chunks (``rollup_chunks_5m``/``_1h``) instead of a
 #: row per bucket (``rollups_5m``/``_1h``); ``store.migrate.rollup_rows_to_chunks`` converts.
-SCHEMA_VERSION = 5
+#: 6: compacted span chunks may refer to a timestamp column stored once in
+#: ``chunk_timestamps`` (``store.chunks``), which an older tritonwatch could not read; the
+#: upgrade only creates the table.
+SCHEMA_VERSION = 6
 
 # Named constraints keep future migrations (ALTER ... DROP CONSTRAINT name) portable.
 metadata = MetaData(
@@ -93,6 +96,23 @@ sample_chunks = Table(
     sqlite_with_rowid=False,
 )
 
+# Timestamp columns shared by the compacted chunks of the series scraped at the same instants
+# (store/chunks.py, "Shared timestamps"): a target's series all have the same, and they were
+# 0.7 of the 1.7 bytes a compacted sample took.  Keyed by the column's first timestamp (which
+# is its chunks' ``start_ms``) and a hash of its content; retention deletes those that end
+# before its cutoff (a range scan), after the chunks referring to them.
+chunk_timestamps = Table(
+    "chunk_timestamps",
+    metadata,
+    Column("start_ms", BigInteger, nullable=False),
+    Column("key", BigInteger, nullable=False),
+    Column("end_ms", BigInteger, nullable=False),
+    Column("n", Integer, nullable=False),
+    Column("data", LargeBinary, nullable=False),
+    PrimaryKeyConstraint("start_ms", "key"),
+    sqlite_with_rowid=False,
+)
+
 # The flushes' append-only log (see store/samplelog.py): one row per target and metric name
 # per flush, holding that flush's chunks of those series packed into one blob.  A flush thus
 # writes a row per name instead of a small row per series scattered over the chunks' B-tree,
@@ -115,9 +135,10 @@ sample_log = Table(
 # PostgreSQL would try to compress every row's blob (pglz) before moving it out of line;
 # float64 samples do not compress, and compressed chunks are compressed already, so that CPU
 # is wasted (on the hot path, for the log).
-for _table in ("sample_log", "sample_chunks"):
+for _table in ("sample_log", "sample_chunks", "chunk_timestamps"):
     event.listen(
-        sample_log if _table == "sample_log" else sample_chunks,
+        {"sample_log": sample_log, "sample_chunks": sample_chunks,
+         "chunk_timestamps": chunk_timestamps}[_table],
         "after_create",
         DDL(  # type: ignore[no-untyped-call]  # SQLAlchemy's DDL has no annotations
             f"ALTER TABLE {_table} ALTER COLUMN data SET STORAGE EXTERNAL"

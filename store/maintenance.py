@@ -41,8 +41,10 @@ from sqlalchemy import (
     case,
     delete,
     func,
+    insert,
     or_,
     select,
+    tuple_,
 )
 
 from tritonwatch.schemas import tables as t
@@ -53,7 +55,9 @@ from tritonwatch.store.chunks import (
     MAX_SAMPLES,
     SPAN_MS,
     WINDOW_MS,
+    Encoded,
     compress,
+    compress_shared,
     encode,
     run_bounds,
     span_start,
@@ -263,14 +267,9 @@ def _rollup_rollups(
 
 def _insert_rollups(conn: Connection, dst: Table, rows: rc.Rows, res: int,
                     seq: int | None) -> int:
-    # +Inf and -Inf in one bucket sum to NaN: its sum (and so its average) has no value, and
-    # the bucket is left to the raw samples (a row per bucket could not store it on SQLite,
-    # where a NaN is a NULL).
-    keep = ~np.isnan(rows.sum)
-    if not keep.all():
-        log.debug("rollup: %d bucket(s) summing +Inf and -Inf left to the raw samples",
-                  int((~keep).sum()))
-        rows = rows.take(keep)
+    # A bucket whose sum is NaN (+Inf and -Inf in it, or a NaN sample) is kept as the raw
+    # samples give it: chunks store NaN bit for bit.  Left out (as when a row per bucket could
+    # not store NaN on SQLite), its rollup read had no point where the raw read had one.
     if not len(rows) or seq is None:
         return 0
     # Written raw: a run's chunk of a series is a bucket or a few, which pcodec would encode
@@ -453,12 +452,50 @@ def _merge_chunks(conn: Connection, ids: list[int], within: list[Any], *, window
     top_seq: dict[int, int] = {}
     for sid, _, seq, _, _ in rows:
         top_seq[sid] = max(seq, top_seq.get(sid, seq))
-    m = merge_rows(rows, lo_ms=I64_MIN, hi_ms=I64_MAX)
+    m = merge_rows(rows, lo_ms=I64_MIN, hi_ms=I64_MAX, conn=conn)
     conn.execute(delete(t.sample_chunks).where(*where))
-    merged = compress(encode(m.ids, m.ts, m.values, max_samples=MAX_SAMPLES,
-                             window_ms=window_ms))
+    encoded = encode(m.ids, m.ts, m.values, max_samples=MAX_SAMPLES, window_ms=window_ms)
+    if window_ms == SPAN_MS:
+        merged = _compress_sharing(conn, encoded)
+    else:
+        # Hour chunks are merged again into their span soon: shared columns they referred
+        # to would be left behind, unreferenced, until retention.
+        merged = compress(encoded)
     insert_chunks(conn, merged, np.array([top_seq[s] for s in merged.ids.tolist()], np.int64))
     return len(rows) - len(merged)
+
+
+def _compress_sharing(conn: Connection, encoded: Encoded) -> Encoded:
+    """``encoded`` compressed, its chunks referring to shared timestamp columns
+    (``store.chunks.compress_shared``), which are stored unless there already.
+
+    Only columns starting at or after the raw retention horizon are shared: retention deletes
+    the columns ending before its cutoff once it has deleted the chunks there, and a chunk
+    written meanwhile must not refer to one (``store.retention``).  A stored column of the same
+    start and key but other bytes (a 64-bit hash collision, or another pcodec) is not
+    overwritten: the chunks are then written holding their own timestamps.
+    """
+    horizon = int_meta(conn, HORIZON_RAW) or I64_MIN
+    merged, columns = compress_shared(encoded, share_from_ms=horizon)
+    if not columns:
+        return merged
+    c = t.chunk_timestamps.c
+    refs = [(col.start_ms, col.key) for col in columns]
+    stored: dict[tuple[int, int], bytes] = {}
+    for i in range(0, len(refs), ID_BATCH):
+        part = sorted(refs[i : i + ID_BATCH])
+        for start, key, data in conn.execute(select(c.start_ms, c.key, c.data).where(
+                c.start_ms >= part[0][0], c.start_ms <= part[-1][0],
+                tuple_(c.start_ms, c.key).in_(part))):
+            stored[(int(start), int(key))] = bytes(data)
+    if any(stored.get(r, col.data) != col.data for r, col in zip(refs, columns, strict=True)):
+        log.warning("compaction: a shared timestamp column's key matches another column; "
+                    "these chunks keep their own timestamps")
+        return compress(encoded)
+    new = [col._asdict() for r, col in zip(refs, columns, strict=True) if r not in stored]
+    if new:
+        conn.execute(insert(t.chunk_timestamps), new)
+    return merged
 
 
 def _compact_rollups(conn: Connection, ids: list[int], window: int) -> int:

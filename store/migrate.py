@@ -20,6 +20,11 @@ merges the stored hour chunks into 6 h spans (``store.chunks``); and rollups mov
 per series and bucket (``rollups_5m``, ``rollups_1h``) into compressed column chunks
 (``store.rollup_chunks``), a batch of whole series per transaction, resumable
 (:func:`rollup_rows_to_chunks`); the old tables are dropped once empty.
+
+Version 5 -> 6: compaction may store a span's timestamp column once for the series sharing it
+(``chunk_timestamps``, ``store.chunks``).  The upgrade creates the table (``create_all``) and
+bumps the version, which keeps an older tritonwatch, unable to read such chunks, off the
+database; the chunks already stored stay as they are and readable.
 """
 
 from __future__ import annotations

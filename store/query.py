@@ -25,7 +25,17 @@ from sqlalchemy import BigInteger, Connection, Table, cast, func, literal, selec
 from tritonwatch.schemas import tables as t
 from tritonwatch.schemas.samples import Labels, label_value, labels_json, make_labels
 from tritonwatch.store import rollup_chunks, samplelog
-from tritonwatch.store.chunks import Merged, decode, last_writes, merge, run_bounds, span_start
+from tritonwatch.store.chunks import (
+    Merged,
+    TsRef,
+    decode,
+    last_writes,
+    merge,
+    run_bounds,
+    shared_refs,
+    span_start,
+    unpack_timestamps,
+)
 from tritonwatch.store.errors import LimitExceeded
 from tritonwatch.store.values import SeriesColumns, SeriesKey
 
@@ -202,12 +212,14 @@ def raw_samples(conn: Connection, ids: Sequence[int], *, lo_ms: int, hi_ms: int)
     )
     rows = conn.execute(query).all()
     if not len(logged[0]):
-        return merge_rows(rows, lo_ms=lo_ms, hi_ms=hi_ms)
+        return merge_rows(rows, lo_ms=lo_ms, hi_ms=hi_ms, conn=conn)
     stored = _empty_columns()
     if rows:
-        sids, _, seqs, ns, blobs = zip(*rows, strict=True)
+        sids, starts, seqs, ns, blobs = zip(*rows, strict=True)
         stored = decode(np.array(sids, np.int64), np.array(seqs, np.int64),
-                        np.array(ns, np.int64), list(blobs))
+                        np.array(ns, np.int64), list(blobs),
+                        starts=np.array(starts, np.int64),
+                        shared=shared_timestamps(conn, starts, blobs))
     both = [np.concatenate([a, b]) for a, b in zip(stored, logged, strict=True)]
     return last_writes(both[0], both[1], both[2], both[3], lo_ms=lo_ms, hi_ms=hi_ms)
 
@@ -217,11 +229,41 @@ def _empty_columns() -> samplelog.Columns:
     return empty, empty, np.empty(0, np.float64), empty
 
 
-def merge_rows(rows: Sequence[Any], *, lo_ms: int, hi_ms: int) -> Merged:
-    """:func:`store.chunks.merge` over rows of ``(series_id, start_ms, seq, n, data)``."""
+#: Shared timestamp columns read per statement (two bound parameters each).
+_TS_BATCH = 400
+
+
+def shared_timestamps(conn: Connection | None, starts: Sequence[int],
+                      blobs: Sequence[bytes]) -> dict[TsRef, npt.NDArray[np.int64]]:
+    """The shared timestamp columns (``chunk_timestamps``) that the chunks starting at
+    ``starts`` with data ``blobs`` refer to, decoded, each read once however many series
+    share it.  Raises ValueError when one is missing (or ``conn`` is None and one is needed)."""
+    refs = sorted(shared_refs(list(starts), list(blobs)))
+    out: dict[TsRef, npt.NDArray[np.int64]] = {}
+    if not refs:
+        return out
+    if conn is None:
+        raise ValueError("sample chunks refer to shared timestamp columns: a connection is "
+                         "needed to read them")
+    c = t.chunk_timestamps.c
+    for i in range(0, len(refs), _TS_BATCH):
+        part = refs[i : i + _TS_BATCH]
+        found = conn.execute(select(c.start_ms, c.key, c.n, c.data).where(
+            c.start_ms >= part[0][0], c.start_ms <= part[-1][0],
+            tuple_(c.start_ms, c.key).in_(part))).all()
+        for start, key, n, data in found:
+            out[(int(start), int(key))] = unpack_timestamps(bytes(data), int(n))
+    return out
+
+
+def merge_rows(rows: Sequence[Any], *, lo_ms: int, hi_ms: int,
+               conn: Connection | None = None) -> Merged:
+    """:func:`store.chunks.merge` over rows of ``(series_id, start_ms, seq, n, data)``; the
+    shared timestamp columns chunks refer to are read through ``conn``."""
     if not rows:
         return Merged(np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.float64))
     sids, starts, seqs, ns, blobs = zip(*rows, strict=True)
+    shared = shared_timestamps(conn, starts, blobs)
     return merge(
         np.array(sids, np.int64),
         np.array(seqs, np.int64),
@@ -230,6 +272,7 @@ def merge_rows(rows: Sequence[Any], *, lo_ms: int, hi_ms: int) -> Merged:
         list(blobs),
         lo_ms=lo_ms,
         hi_ms=hi_ms,
+        shared=shared,
     )
 
 
@@ -344,8 +387,8 @@ def aggregate(m: Merged, step_ms: int) -> Aggregates:
     return Aggregates(
         ids=m.ids[starts],
         buckets=b[starts],
-        min=np.minimum.reduceat(v, starts),
-        max=np.maximum.reduceat(v, starts),
+        min=rollup_chunks.nan_min(v, starts),
+        max=rollup_chunks.nan_max(v, starts),
         sum=total,
         n=ends - starts,
         last_ts=m.ts[ends - 1],
@@ -394,9 +437,9 @@ def _parts(
         elif agg == "count":
             x = np.add.reduceat(rows.n, starts).astype(np.float64)
         elif agg == "min":
-            x = np.minimum.reduceat(rows.min, starts)
+            x = rollup_chunks.nan_min(rows.min, starts)
         elif agg == "max":
-            x = np.maximum.reduceat(rows.max, starts)
+            x = rollup_chunks.nan_max(rows.max, starts)
         else:  # last: the newest row's timestamp and value
             return _Parts(sids, buckets, rows.ts[ends - 1].astype(np.float64),
                           rows.last[ends - 1])
@@ -563,9 +606,9 @@ def _merge(
         if agg in ("sum", "count"):
             return np.add.reduceat(a, starts)
     if agg == "min":
-        return np.minimum.reduceat(a, starts)
+        return rollup_chunks.nan_min(a, starts)
     if agg == "max":
-        return np.maximum.reduceat(a, starts)
+        return rollup_chunks.nan_max(a, starts)
     # last: the value of the newest partial; of equal timestamps, the earlier source's.
     newest = np.repeat(np.maximum.reduceat(a, starts), ends - starts)
     at = np.flatnonzero(a == newest)

@@ -140,12 +140,43 @@ def _delete_chunks_before(
                     )
                 for sid, start, seq, n, data in rows:
                     # Chunk by chunk: merging them would change what each one stores.
-                    m = merge_rows([(sid, start, seq, n, data)], lo_ms=cutoff_ms, hi_ms=I64_MAX)
+                    m = merge_rows([(sid, start, seq, n, data)], lo_ms=cutoff_ms, hi_ms=I64_MAX,
+                                   conn=conn)
                     deleted += n - len(m)
+                    # Holding its own timestamps: the shared column it may have referred to
+                    # starts before the cutoff, and goes below.
                     insert_chunks(conn, compress(encode(m.ids, m.ts, m.values)), seq)
             if len(rows) < _CUT_BATCH:
                 break
+    _delete_shared_timestamps_before(engine, cutoff_ms, batch_rows=batch_rows, gate=gate,
+                                     stop=stop)
     return deleted
+
+
+def _delete_shared_timestamps_before(
+    engine: Engine, cutoff_ms: int, *, batch_rows: int, gate: Gate, stop: Stop
+) -> None:
+    """Delete the shared timestamp columns (``chunk_timestamps``) ending before ``cutoff_ms``.
+
+    Run once every chunk ending before the cutoff is deleted and every chunk straddling it
+    rewritten holding its own timestamps: a chunk refers to a column of exactly its own
+    timestamps, so none left refers to these.  Compaction shares no column starting before
+    the raw horizon, which :func:`apply_retention` moved to the cutoff (or past it) before
+    any of this, so it cannot refer to one of them meanwhile.  Columns no chunk refers to any
+    more (a span compacted again after late samples) stay until then: a few hundred bytes.
+    """
+    c = t.chunk_timestamps.c
+    key = tuple_(c.start_ms, c.key)
+    while True:
+        if stop():
+            raise Stopped
+        victims = select(c.start_ms, c.key).where(c.start_ms < cutoff_ms, c.end_ms < cutoff_ms)
+        with gate, transaction(engine, write=True) as conn:
+            advisory_lock(conn, PG_LOCK_ROLLUP)
+            gone = conn.execute(delete(t.chunk_timestamps).where(
+                key.in_(victims.limit(batch_rows))).returning(c.n)).scalars().all()
+        if len(gone) < batch_rows:
+            return
 
 
 def delete_empty_series(engine: Engine, *, resolved_before_ms: int) -> int:

@@ -93,7 +93,7 @@ def test_compressed_rollup_chunks_decode_to_what_was_written_bit_for_bit(
     blobs = packed.blobs()
     for blob, n in zip(blobs, packed.n.tolist(), strict=True):
         assert len(blob) <= 48 * n
-        assert len(blob) == 48 * n or blob[0] == 1
+        assert len(blob) == 48 * n or blob[0] == rc.FORMAT_COLUMNS
         assert len(blob) <= rc.PIECE_BYTES[res] or n == 1  # cut into pieces
     for enc, data in ((raw, raw.blobs()), (packed, blobs)):
         got = rc.decode(enc.ids, np.zeros(len(enc), np.int64), enc.start_ms, enc.n, data,
