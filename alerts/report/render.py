@@ -14,12 +14,13 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
-import jinja2
-
 from tritonwatch.alerts.report.model import Report, to_json
+
+if TYPE_CHECKING:
+    import jinja2
 
 TEMPLATE = Path(__file__).with_name("report.html.j2")
 DASH = "\u2013"  # an en dash: "no data"
@@ -93,6 +94,10 @@ class _Fmt:
 
 @lru_cache(maxsize=1)
 def _template() -> jinja2.Template:
+    # Imported here: ``serve`` loads this module for its weekly report job, and Jinja2
+    # (about 2 MB resident) is needed only once a week, when the report is rendered.
+    import jinja2
+
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined,
                              trim_blocks=True, lstrip_blocks=True)
     return env.from_string(TEMPLATE.read_text(encoding="utf-8"))

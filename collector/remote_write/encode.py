@@ -29,7 +29,6 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from tritonwatch.collector.remote_write.third_party.prompb import types_pb2
 from tritonwatch.schemas.samples import Labels
 
 _NAME_BAD = re.compile(r"[^a-zA-Z0-9_:]")
@@ -115,6 +114,10 @@ class Encoder:
         found = self._series.get(key)
         if found is None:
             pairs = series_labels(name, labels, target, self.external)
+            # Imported on first use: every ``serve`` loads this module, and protobuf's
+            # runtime is only needed where a remote-write receiver is configured.
+            from tritonwatch.collector.remote_write.third_party.prompb import types_pb2
+
             msg = types_pb2.TimeSeries(
                 labels=[types_pb2.Label(name=k, value=v) for k, v in pairs])
             raw = msg.SerializeToString()

@@ -43,7 +43,6 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
-import cramjam
 import httpx
 import numpy as np
 from numpy.typing import NDArray
@@ -259,6 +258,8 @@ class RemoteWriter:
         self._batch_started[k] = None
         limit = self.config.queue.max_samples_per_send
         oldest = batch.oldest_ms or 0
+        import cramjam  # here: only a configured receiver needs it (1.4 MB resident)
+
         for start in range(0, len(batch.parts), limit):
             parts = batch.parts[start:start + limit]
             body = bytes(cramjam.snappy.compress_raw(b"".join(parts)))

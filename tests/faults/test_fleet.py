@@ -1,0 +1,115 @@
+"""Issue 22, the fleet's collector: what one ``serve`` spends per target, in CPU and memory.
+
+1. A scrape connection outlives the scrape interval: httpx's default keep-alive (5 s) closed
+   every idle connection before a 15 s interval's next scrape, so each scrape paid a TCP
+   connect and close (about a tenth of the collector's CPU at 1,000 targets).
+2. ``serve`` does not load what it only needs on demand (pandas, matplotlib, streamlit, the
+   Triton client, Jinja2 for the weekly report, protobuf and snappy for remote write).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from tritonwatch.collector.scrape import KEEPALIVE_EXPIRY_S, fetch_metrics, make_client
+
+BODY = b"# TYPE up gauge\nup 1\n"
+
+
+@contextlib.contextmanager
+def _server(idle_timeout: float | None = None) -> Iterator[tuple[str, list[int]]]:
+    """A keep-alive HTTP/1.1 server on 127.0.0.1 recording the client port of each request;
+    with ``idle_timeout`` it closes a connection idle that long (as some exporters do)."""
+    ports: list[int] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        timeout = idle_timeout
+
+        def do_GET(self) -> None:
+            ports.append(self.client_address[1])
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(BODY)))
+            self.end_headers()
+            self.wfile.write(BODY)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    httpd.daemon_threads = True
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}/metrics", ports
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(30)
+
+
+@pytest.fixture
+def server() -> Iterator[tuple[str, list[int]]]:
+    with _server() as found:
+        yield found
+
+
+def test_idle_scrape_connection_is_kept_past_httpx_default(
+    server: tuple[str, list[int]],
+) -> None:
+    url, ports = server
+    assert KEEPALIVE_EXPIRY_S >= 300  # as Prometheus: longer than any usual scrape interval
+
+    async def two_scrapes() -> None:
+        async with make_client() as client:
+            for i in range(2):
+                if i:
+                    await asyncio.sleep(5.5)  # past httpx's default keep-alive of 5 s
+                body = await fetch_metrics(client, "t", url, timeout=30, max_bytes=1 << 20)
+                assert body.text == BODY.decode()
+
+    asyncio.run(two_scrapes())
+    assert len(ports) == 2
+    assert ports[0] == ports[1], "the second scrape opened a new connection"
+
+
+def test_connection_the_target_closed_is_replaced() -> None:
+    """A kept connection the target closed while idle is not reused: the scrape succeeds on
+    a new one."""
+
+    async def scrapes(url: str) -> None:
+        async with make_client() as client:
+            for i in range(2):
+                if i:
+                    await asyncio.sleep(2.0)  # the server closes it after 0.5 s idle
+                body = await fetch_metrics(client, "t", url, timeout=30, max_bytes=1 << 20)
+                assert body.text == BODY.decode()
+
+    with _server(idle_timeout=0.5) as (url, ports):
+        asyncio.run(scrapes(url))
+    assert len(ports) == 2 and ports[0] != ports[1]
+
+
+#: Modules ``serve`` must not load at start (each costs resident memory for the whole run).
+NOT_AT_START = ("pandas", "matplotlib", "streamlit", "tritonclient", "grpc", "scipy", "pyarrow",
+                "jinja2", "google.protobuf", "cramjam")
+
+
+def test_serve_does_not_import_what_it_needs_only_on_demand() -> None:
+    code = ("import sys, tritonwatch.cli, tritonwatch.serve; "
+            "print(' '.join(m for m in sys.argv[1:] if m in sys.modules))")
+    start = time.monotonic()
+    out = subprocess.run([sys.executable, "-c", code, *NOT_AT_START], capture_output=True,
+                         text=True, timeout=120, env={**os.environ}, check=True)
+    assert out.stdout.split() == [], f"imported at start: {out.stdout.strip()}"
+    assert time.monotonic() - start < 120
