@@ -233,6 +233,24 @@ def test_gpu_idle_from_triton_metrics_only(store: Store) -> None:
     assert "pending" in dict(c.annotations)["summary"]
 
 
+def test_gpu_idle_fallback_sums_pending_per_target(store: Store) -> None:
+    """Each target's queue is the sum over its own models only (summed in one pass)."""
+    g = make_labels({"gpu_uuid": "GPU-0"})
+    m2 = make_labels({"model": "other", "version": "1"})
+    for i in range(10):
+        ts = START + i * 30.0
+        # t1: 0.6 + 0.6 pending over two models; t2: 0.6 on one (under one request).
+        store.write("t1", ts, [Sample("sli:gpu_utilization", g, 0.02),
+                               Sample("sli:pending_requests", M, 0.6),
+                               Sample("sli:pending_requests", m2, 0.6)])
+        store.write("t2", ts, [Sample("sli:gpu_utilization", g, 0.02),
+                               Sample("sli:pending_requests", M, 0.6)])
+    store.flush()
+    (c,) = rule("gpu_idle_while_queued").evaluate(store, START + 9 * 30.0)
+    assert dict(c.labels)["target"] == "t1"
+    assert "1.2 requests pending on t1" in dict(c.annotations)["summary"]
+
+
 # --- bounded evaluation cost: rollups and windows kept between evaluations ---------------------
 
 FAIL = make_labels({**dict(M), "reason": "timeout"})
