@@ -34,7 +34,8 @@ How the counters are read (the parts that are easy to get wrong):
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -212,7 +213,7 @@ class Plan:
                 pos = len(m_idx)
                 m_idx.append(i)
                 if kind == MODEL_GAUGE or kind == TRTLLM_GAUGE:
-                    key = fld if kind == MODEL_GAUGE else fld + "=" + lab.get(fld, "")
+                    key = fld if kind == MODEL_GAUGE else _shared(fld + "=" + lab.get(fld, ""))
                     g_pos.append(pos)
                     g_slot.append(gauges.setdefault((acc, key), len(gauges)))
                     continue
@@ -248,14 +249,36 @@ class Plan:
         self.has_dups = len(states) < len(c_u)
         self.has_none_slots = -1 in c_slot
         self.acc_keys: list[ModelKey] = list(accs)
-        self.seen_keys: list[tuple[int, str]] = list(seen)
-        self.slot_keys: list[tuple[int, int, str, int]] = list(slots)  # acc, part, key, index
-        self.gauge_keys: list[tuple[int, str]] = list(gauges)
+        # Shared between the plans of a fleet (_shared): these keys hold accumulator numbers
+        # and field names only, the same few hundred on every server of a deployment.
+        self.seen_keys: list[tuple[int, str]] = _shared_all(seen)
+        # (acc, part, key, index)
+        self.slot_keys: list[tuple[int, int, str, int]] = _shared_all(slots)
+        self.gauge_keys: list[tuple[int, str]] = _shared_all(gauges)
         self.u_keys: list[StateKey] = list(states)
         seen_static: list[set[str]] = [set() for _ in accs]
         for acc, fld in seen:
             seen_static[acc].add(fld)
-        self.seen_static = [frozenset(fields) for fields in seen_static]
+        self.seen_static = [_shared(frozenset(fields)) for fields in seen_static]
+
+
+_K = TypeVar("_K")
+
+#: Equal plan keys (tuples of small numbers and field names, sets of field names), one copy
+#: for all the targets: measured at 1,000 targets of 566 series, about 20 KB per target
+#: otherwise.  Bounded: past _SHARED_MAX entries new keys are simply not shared.
+_SHARED: dict[Any, Any] = {}
+_SHARED_MAX = 100_000
+
+
+def _shared(key: _K) -> _K:
+    if len(_SHARED) < _SHARED_MAX:
+        return _SHARED.setdefault(key, key)  # type: ignore[no-any-return]
+    return key
+
+
+def _shared_all(keys: Iterable[_K]) -> list[_K]:
+    return [_shared(k) for k in keys]
 
 
 class SourceEngine:

@@ -113,3 +113,30 @@ def test_serve_does_not_import_what_it_needs_only_on_demand() -> None:
                          text=True, timeout=120, env={**os.environ}, check=True)
     assert out.stdout.split() == [], f"imported at start: {out.stdout.strip()}"
     assert time.monotonic() - start < 120
+
+
+def test_plans_of_a_fleet_share_their_keys() -> None:
+    """3. Two servers of one deployment (own GPU UUIDs) hold one copy of the plan keys that
+    name accumulators and fields, not one each (about 20 KB per target at 566 series)."""
+    from tests.payloads import triton_payload
+    from tritonwatch.collector.derive import Deriver
+    from tritonwatch.collector.shape import parse_columns
+
+    plans = []
+    for seed in (11, 12):
+        deriver = Deriver(f"t{seed}", max_gap_s=300.0)
+        shape = None
+        for step in range(2):
+            text = triton_payload(models=7, gpus=2, seed=seed, step=step)
+            shape, values = parse_columns(text, shape)
+            deriver.derive_columns(shape, values, 1_700_000_000.0 + 15 * step, {})
+        plan = deriver._engines[0].plan
+        assert plan is not None
+        plans.append(plan)
+    a, b = plans
+    for attr in ("seen_keys", "slot_keys", "gauge_keys", "seen_static"):
+        mine: list[object] = getattr(a, attr)
+        theirs = {x: x for x in getattr(b, attr)}
+        common = [x for x in mine if x in theirs]
+        assert common, attr
+        assert all(theirs[x] is x for x in common), f"{attr}: equal keys are separate copies"
