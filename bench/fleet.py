@@ -79,7 +79,7 @@ def _missed(port: int) -> float:
 
 
 def run_size(fleet: Fleet, targets: int, interval: float, duration: float,
-             serve_log: str | None = None) -> Size:
+             serve_log: str | None = None, tracemalloc: int = 0) -> Size:
     with tempfile.TemporaryDirectory(prefix="tw-fleet-") as tmp:
         port = _free_port()
         db = f"{tmp}/tw.db"
@@ -100,7 +100,9 @@ def run_size(fleet: Fleet, targets: int, interval: float, duration: float,
         log_path = serve_log or os.path.join(tmp, "serve.log")
         log_file = open(log_path, "wb")
         proc = subprocess.Popen([exe, *(["-vv"] if serve_log else []), "serve", "--config", path],
-                                cwd=tmp, stdout=subprocess.DEVNULL, stderr=log_file)
+                                cwd=tmp, stdout=subprocess.DEVNULL, stderr=log_file,
+                                env={**os.environ, **({"PYTHONTRACEMALLOC": str(tracemalloc)}
+                                                      if tracemalloc else {})})
         try:
             wait_until(lambda: http_get(f"http://127.0.0.1:{port}/api/v1/targets") != "", 120,
                        "tritonwatch serve to answer")
@@ -158,6 +160,9 @@ def main() -> None:
                         help="print RSS per this many seconds of the window (0: not)")
     parser.add_argument("--serve-log", help="write serve's debug log here (store maintenance "
                         "phases, with their durations)")
+    parser.add_argument("--tracemalloc", type=int, default=0, metavar="FRAMES",
+                        help="trace serve's allocations (PYTHONTRACEMALLOC; about twice the CPU) "
+                        "and log the top source lines every 2 minutes in --serve-log")
     args = parser.parse_args()
     sizes = [int(x) for x in args.targets.split(",")]
     scaled = "" if args.interval >= 15 else (
@@ -173,7 +178,7 @@ def main() -> None:
         with simulated_fleet(n, models=args.models, gpus=args.gpus) as fleet:
             print(f"  {n} targets x {fleet.series} series ({fleet.payload_bytes / 1024:.0f} KiB "
                   "per scrape) ...", flush=True)
-            r = run_size(fleet, n, args.interval, args.duration, args.serve_log)
+            r = run_size(fleet, n, args.interval, args.duration, args.serve_log, args.tracemalloc)
         results.append(r)
         print(head)
         print(f"{r.targets:>7} {r.targets * r.series:>9,} "
