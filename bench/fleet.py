@@ -59,6 +59,8 @@ class Size:
     peak_rss_mib: float
     end_rss_mib: float
     rss_timeline: list[tuple[float, float]]  # (s into the window, RSS MiB), once a second
+    #: (s into the window, duration s) of every scrape slower than SLOW_SCRAPE_S
+    slow_scrapes: list[tuple[float, float]]
 
     @property
     def kept(self) -> bool:
@@ -132,11 +134,30 @@ def run_size(fleet: Fleet, targets: int, interval: float, duration: float,
                                          end=wall1 - 0.001)).series()
     rows = [(d.target, len(d.values), sum(1 for v in d.values if v == 0)) for d in ups]
     slowest = max((max(d.values) for d in durations if d.values), default=0.0)
+    slow = sorted((t - wall0, v) for d in durations for t, v in zip(d.ts, d.values, strict=True)
+                  if v > SLOW_SCRAPE_S)
     found = {target: n for target, n, _ in rows}
     short = sum(1 for i in range(targets) if found.get(f"triton-{i}", 0) < expected)
     down = sum(int(d or 0) for _, _, d in rows)
     return Size(targets, fleet.series, t1 - t0, expected, short, down, missed,
-                slowest, c1 - c0, peak, end_rss, timeline)
+                slowest, c1 - c0, peak, end_rss, timeline, slow)
+
+
+#: A scrape slower than this is listed (issue 22: none slower than 5 s).
+SLOW_SCRAPE_S = 5.0
+
+
+def print_slow(slow: list[tuple[float, float]], every: float = 60.0) -> None:
+    """How many scrapes took over SLOW_SCRAPE_S, per ``every`` seconds of the window: when the
+    stalls happen says what caused them (the first flush, maintenance every 5 minutes...)."""
+    print(f"  scrapes slower than {SLOW_SCRAPE_S:g} s: {len(slow)}")
+    buckets: dict[int, list[float]] = {}
+    for t, v in slow:
+        buckets.setdefault(int(t // every), []).append(v)
+    for k in sorted(buckets):
+        vs = buckets[k]
+        print(f"    {k * every:>6.0f}-{(k + 1) * every:<6.0f} s {len(vs):5d} scrapes, "
+              f"slowest {max(vs):.1f} s")
 
 
 def print_timeline(timeline: list[tuple[float, float]], every: float = 300.0) -> None:
@@ -189,6 +210,7 @@ def main() -> None:
               f"{'yes' if r.kept else 'NO':>5}", flush=True)
         if args.rss_every > 0:
             print_timeline(r.rss_timeline, args.rss_every)
+        print_slow(r.slow_scrapes, args.rss_every or 60.0)
     kept = [r.targets for r in results if r.kept]
     print()
     print(f"largest size kept: {max(kept) if kept else 'none'} targets; target (issue 22): "
