@@ -51,8 +51,10 @@ MISFIRE_GRACE_S = 6 * 3600
 
 class ReportJob:
     def __init__(self, store: Store, config: Config, *,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, isolate_charts: bool = False) -> None:
         self.store, self.config, self.clock = store, config, clock
+        #: Draw the charts in a child process (render.render_html): serve's job does.
+        self.isolate_charts = isolate_charts
         self.specs = slo_specs(config)  # read once: a bad rules file fails serve's start-up
         self.delivered: list[tuple[str, str, bool]] = []  # (week, channel, ok), for tests
 
@@ -90,7 +92,8 @@ class ReportJob:
                         weeks[-1].name, exc)
         made = None
         for week in weeks:
-            produced = produce(self.store, self.config, week, specs=self.specs, now=now)
+            produced = produce(self.store, self.config, week, specs=self.specs, now=now,
+                               isolate_charts=self.isolate_charts)
             if produced is not None:
                 self.deliver(produced, now)
                 made = produced
@@ -173,7 +176,8 @@ def install_report_job(scheduler: AsyncIOScheduler, config: Config,
     false)."""
     if not config.reports.enabled:
         return None
-    job = ReportJob(store, config)
+    # Its charts are drawn in a child process: matplotlib would stay resident in serve.
+    job = ReportJob(store, config, isolate_charts=True)
     job.install(scheduler)
     rep = config.reports
     log.info("reports: weekly on %s at %02d:00 %s", rep.day, rep.hour, rep.timezone)

@@ -90,6 +90,7 @@ def produce(
     replace: bool = False,
     out_dir: Path | None = None,
     formats: Sequence[str] | None = None,
+    isolate_charts: bool = False,
 ) -> Produced | None:
     """Build, render and keep the report of ``week``; None when it was kept already (and
     ``replace`` is false), in which case nothing is written."""
@@ -101,7 +102,8 @@ def produce(
     now = time.time() if now is None else now
     report = build_report(store, config, specs, week, config_key=key, now=now)
     warn = config.reports.completeness_warning
-    documents = {fmt: render(report, fmt, completeness_warning=warn) for fmt in FORMATS}
+    documents = {fmt: render(report, fmt, completeness_warning=warn,
+                             isolate_charts=isolate_charts) for fmt in FORMATS}
     report_id = reports.insert(
         week=week.name, config_key=key, timezone=week.tz, start=week.start, end=week.end,
         created_at=now, summary=to_json(report)["summary"], documents=documents,

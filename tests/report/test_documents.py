@@ -166,3 +166,33 @@ def test_api_lists_and_fetches_kept_reports(filled: Store, tmp_path: Path) -> No
     assert missing.status_code == 404 and "999" in missing.json()["detail"]
     bad = client.get("/api/v1/reports", params={"week": "48"})
     assert bad.status_code == 400 and "week" in bad.json()["error"]
+
+
+def test_serve_draws_the_charts_in_a_child_process(filled_url: str, tmp_path: Path) -> None:
+    """serve's weekly job (``isolate_charts``) gives the same HTML without loading matplotlib
+    into the collector, where it would stay resident (issue 22: about 30 MB)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "draw.py"
+    script.write_text(
+        "import sys\n"
+        "from tests.report import synthetic as syn\n"
+        "from tritonwatch.alerts.report.build import build_report\n"
+        "from tritonwatch.alerts.report.render import render_html\n"
+        "from tritonwatch.store import open_store\n"
+        "if __name__ == '__main__':\n"
+        "    with open_store(sys.argv[1]) as store:\n"
+        "        report = build_report(store, syn.config(), syn.SLOS, syn.WEEK,\n"
+        "                              config_key='k', now=syn.WEEK.end + 60)\n"
+        "    html = render_html(report, isolate_charts=True)\n"
+        "    open(sys.argv[2], 'w', encoding='utf-8').write(html)\n"
+        "    print('matplotlib' in sys.modules)\n", encoding="utf-8")
+    out = tmp_path / "isolated.html"
+    done = subprocess.run([sys.executable, str(script), filled_url, str(out)],
+                          capture_output=True, text=True, timeout=300, check=True)
+    assert done.stdout.strip() == "False", done.stderr
+    with open_store(filled_url) as store:
+        report = build_report(store, syn.config(), syn.SLOS, syn.WEEK, config_key="k",
+                              now=syn.WEEK.end + 60)
+    assert out.read_text(encoding="utf-8") == render(report, "html")
