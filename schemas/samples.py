@@ -22,9 +22,21 @@ METRIC_TYPES = frozenset({"counter", "gauge", "summary", "histogram", "untyped"}
 
 
 def make_labels(labels: Mapping[str, str] | Iterable[tuple[str, str]]) -> Labels:
-    """Canonical label tuple: pairs sorted by label name."""
+    """Canonical label tuple: pairs sorted by label name; equal ones are one shared tuple
+    (up to :data:`SHARED_LABELS_MAX` distinct ones)."""
     items = labels.items() if isinstance(labels, Mapping) else labels
-    return tuple(sorted(items))
+    made = tuple(sorted(items))
+    if len(_SHARED_LABELS) < SHARED_LABELS_MAX:
+        # The derived series and the alert rules make the same label sets scrape after scrape
+        # and target after target (a model and a failure reason): measured at 1,000 targets,
+        # 248,000 live copies (14 MiB) where a few thousand distinct ones exist.
+        return _SHARED_LABELS.setdefault(made, made)
+    return made
+
+
+#: Most distinct label sets :func:`make_labels` shares (a bound on its table, about 10 MB).
+SHARED_LABELS_MAX = 50_000
+_SHARED_LABELS: dict[Labels, Labels] = {}
 
 
 def labels_json(labels: Labels) -> str:

@@ -140,3 +140,14 @@ def test_plans_of_a_fleet_share_their_keys() -> None:
         common = [x for x in mine if x in theirs]
         assert common, attr
         assert all(theirs[x] is x for x in common), f"{attr}: equal keys are separate copies"
+
+
+def test_equal_label_sets_are_one_tuple() -> None:
+    """4. The label sets the derived series and alert rules make every scrape, for every
+    target, are shared: one tuple per distinct set (248,000 live copies at 1,000 targets)."""
+    from tritonwatch.schemas.samples import make_labels
+
+    a = make_labels({"model": "m-fleet-test", "version": "1", "reason": "REJECTED"})
+    b = make_labels((("reason", "REJECTED"), ("version", "1"), ("model", "m-fleet-test")))
+    assert a == (("model", "m-fleet-test"), ("reason", "REJECTED"), ("version", "1"))
+    assert a is b
