@@ -115,12 +115,14 @@ def test_serve_does_not_import_what_it_needs_only_on_demand() -> None:
     assert time.monotonic() - start < 120
 
 
-def test_plans_of_a_fleet_share_their_keys() -> None:
+def test_plans_of_a_fleet_share_their_keys(monkeypatch: pytest.MonkeyPatch) -> None:
     """3. Two servers of one deployment (own GPU UUIDs) hold one copy of the plan keys that
     name accumulators and fields, not one each (about 20 KB per target at 566 series)."""
     from tests.payloads import triton_payload
-    from tritonwatch.collector.derive import Deriver
+    from tritonwatch.collector.derive import Deriver, accumulate
     from tritonwatch.collector.shape import parse_columns
+
+    monkeypatch.setattr(accumulate, "_SHARED", {})  # other tests may have filled it
 
     plans = []
     for seed in (11, 12):
@@ -142,12 +144,19 @@ def test_plans_of_a_fleet_share_their_keys() -> None:
         assert all(theirs[x] is x for x in common), f"{attr}: equal keys are separate copies"
 
 
-def test_equal_label_sets_are_one_tuple() -> None:
+def test_equal_label_sets_are_one_tuple(monkeypatch: pytest.MonkeyPatch) -> None:
     """4. The label sets the derived series and alert rules make every scrape, for every
-    target, are shared: one tuple per distinct set (248,000 live copies at 1,000 targets)."""
+    target, are shared: one tuple per distinct set (248,000 live copies at 1,000 targets).
+    Past the table's bound they are still right, only no longer shared."""
+    from tritonwatch.schemas import samples
     from tritonwatch.schemas.samples import make_labels
 
+    monkeypatch.setattr(samples, "_SHARED_LABELS", {})  # other tests may have filled it
     a = make_labels({"model": "m-fleet-test", "version": "1", "reason": "REJECTED"})
     b = make_labels((("reason", "REJECTED"), ("version", "1"), ("model", "m-fleet-test")))
     assert a == (("model", "m-fleet-test"), ("reason", "REJECTED"), ("version", "1"))
     assert a is b
+    monkeypatch.setattr(samples, "SHARED_LABELS_MAX", 1)
+    c = make_labels({"model": "m-fleet-test-2"})
+    d = make_labels({"model": "m-fleet-test-2"})
+    assert c == d == (("model", "m-fleet-test-2"),) and c is not d
