@@ -4,6 +4,7 @@ synthetic fortnight in a real SQLite store (and the unique key on PostgreSQL too
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -189,8 +190,14 @@ def test_serve_draws_the_charts_in_a_child_process(filled_url: str, tmp_path: Pa
         "    open(sys.argv[2], 'w', encoding='utf-8').write(html)\n"
         "    print('matplotlib' in sys.modules)\n", encoding="utf-8")
     out = tmp_path / "isolated.html"
+    # The script imports the test data module (tests.report.synthetic): put the checkout on
+    # its path, which a plain `pytest` (no PYTHONPATH) does not give a child process.
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ,
+           "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
     done = subprocess.run([sys.executable, str(script), filled_url, str(out)],
-                          capture_output=True, text=True, timeout=300, check=True)
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip() == "False", done.stderr
     with open_store(filled_url) as store:
         report = build_report(store, syn.config(), syn.SLOS, syn.WEEK, config_key="k",
