@@ -15,7 +15,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -108,11 +107,9 @@ NOT_AT_START = ("pandas", "matplotlib", "streamlit", "tritonclient", "grpc", "sc
 def test_serve_does_not_import_what_it_needs_only_on_demand() -> None:
     code = ("import sys, tritonwatch.cli, tritonwatch.serve; "
             "print(' '.join(m for m in sys.argv[1:] if m in sys.modules))")
-    start = time.monotonic()
     out = subprocess.run([sys.executable, "-c", code, *NOT_AT_START], capture_output=True,
                          text=True, timeout=120, env={**os.environ}, check=True)
     assert out.stdout.split() == [], f"imported at start: {out.stdout.strip()}"
-    assert time.monotonic() - start < 120
 
 
 def test_plans_of_a_fleet_share_their_keys(monkeypatch: pytest.MonkeyPatch) -> None:
