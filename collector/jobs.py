@@ -45,7 +45,7 @@ from tritonwatch.collector.probes.sink import run_samples
 from tritonwatch.collector.remote_write.writer import RemoteWrite
 from tritonwatch.collector.scrape import ScrapeError, fetch_metrics, make_client
 from tritonwatch.collector.self_metrics import SelfMetrics
-from tritonwatch.collector.shape import parse_columns
+from tritonwatch.collector.shape import match, parse_columns
 from tritonwatch.collector.target_state import TargetState, with_target_labels
 from tritonwatch.collector.triton import TritonApiError
 from tritonwatch.schemas.config import Config
@@ -226,8 +226,16 @@ class Collector:
         so the steady state builds no per-sample objects for the raw series.
         """
         target = state.config
-        check_sample_count(target.name, text, state.limits)
-        shape, values = parse_columns(text, state.shape)
+        values = match(text, state.shape)
+        if values is not None:
+            # The steady state: the same lines as the last scrape, whose sample count the
+            # limits below check again (len(shape)), so counting lines first would only cost
+            # two passes over the body (about 0.5 ms for a 380 KiB payload).
+            shape = state.shape
+            assert shape is not None
+        else:
+            check_sample_count(target.name, text, state.limits)
+            shape, values = parse_columns(text, state.shape, try_match=False)
         reason = state.limit_violation(shape)
         if reason is not None:
             # Nothing of it is stored or derived (as Prometheus); the shape is kept, so the

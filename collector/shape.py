@@ -51,7 +51,7 @@ from tritonwatch.collector.parse import (
 )
 from tritonwatch.schemas.samples import Labels, MetricFamily, Sample, Snapshot
 
-__all__ = ["Shape", "parse_columns"]
+__all__ = ["Shape", "match", "parse_columns"]
 
 Values = npt.NDArray[np.float64]
 
@@ -118,7 +118,9 @@ def _convert(tokens: list[str]) -> Values | None:
     if "_" in joined:  # float() accepts "1_000"; the reference does not
         return None
     try:
-        values = np.array(list(map(float, tokens)), np.float64)
+        # numpy converts each str with Python's own float() (the same acceptance and
+        # rounding; tests/collector/test_shape.py holds it equal), without a list of floats.
+        values = np.array(tokens, np.float64)
     except ValueError:
         return None
     if "-" in joined:
@@ -191,16 +193,30 @@ class Shape:
         return Snapshot(target, ts, tuple(self.families(values, keep)))
 
 
-def parse_columns(text: str | bytes, prev: Shape | None = None) -> tuple[Shape, Values]:
+def match(text: str, prev: Shape | None) -> Values | None:
+    """The values of ``text`` when it has ``prev``'s structure (the steady state), else None.
+
+    Cheap where it answers None: a changed payload usually differs in its number of lines.
+    """
+    if prev is None or prev._matcher is None:
+        return None
+    return prev._matcher.values(text)
+
+
+def parse_columns(
+    text: str | bytes, prev: Shape | None = None, *, try_match: bool = True
+) -> tuple[Shape, Values]:
     """Parse a payload into ``(shape, values)``; ``prev`` is the shape of the target's last one.
 
     Returns ``prev`` itself when the payload has its structure, else a new shape.  Raises
-    ``ParseError`` exactly where :func:`collector.parse.parse` does.
+    ``ParseError`` exactly where :func:`collector.parse.parse` does.  ``try_match=False``: the
+    caller has already tried :func:`match` on this payload, and it answered None.
     """
     text = _decode(text)
-    if prev is not None and prev._matcher is not None:
-        values = prev._matcher.values(text)
+    if try_match:
+        values = match(text, prev)
         if values is not None:
+            assert prev is not None
             return prev, values
     families = parse_fast(text, exposed_names=True)
     if families is None:

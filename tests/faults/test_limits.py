@@ -134,6 +134,43 @@ def test_a_scrape_over_sample_limit_fails_whole_with_up_0_and_nothing_stored(sto
     assert len(store.series(Query("app_requests", target="big-allowed"))) == 150
 
 
+def test_the_steady_state_skips_the_line_count_and_a_grown_body_is_still_refused(
+    store, monkeypatch
+):
+    """A payload with the last one's lines is not counted again (its sample count is the
+    shape's, checked by the limits); one whose lines changed is counted before it is parsed."""
+    import tritonwatch.collector.jobs as jobs
+
+    counted: list[int] = []
+    real = jobs.check_sample_count
+
+    def counting(target: str, text: str, limits: Any) -> None:
+        counted.append(text.count("\n"))
+        real(target, text, limits)
+
+    monkeypatch.setattr(jobs, "check_sample_count", counting)
+    with ExitStack() as stack:
+        target = served(stack, _counter_lines(150))
+        config = config_for([{"name": "t", "metrics_url": target.url("/ok")}], sample_limit=200)
+        clock = Clock(T0)
+        collector = Collector(config, store, clock=clock)
+
+        def grow(i: int) -> None:
+            if i == 4:  # the exporter lists 100 more series: over the limit
+                target.server.ok_body = _counter_lines(250)
+
+        rounds = scrape_rounds(collector, clock, 5, store=store, before=grow)
+
+    # Counted while the structure was new (the steady-state matcher is built once it repeats),
+    # not in the steady state, and again when it changed.
+    assert counted == [151, 151, 251]
+    assert [r["t"].up for r in rounds] == [True, True, True, True, False]
+    assert rounds[4]["t"].error == "sample limit exceeded (250 > 200)"
+    (scraped,) = store.read(Query("scrape_samples_scraped", start=0, end=clock.now,
+                                  target="t")).series()
+    assert scraped.values == (150.0, 150.0, 150.0, 150.0, 250.0)
+
+
 @pytest.mark.parametrize(
     ("limit", "series", "reason"),
     [
