@@ -140,9 +140,9 @@ def test_the_steady_state_skips_the_line_count_and_a_grown_body_is_still_refused
     """A payload with the last one's lines is not counted again (its sample count is the
     shape's, checked by the limits); one whose lines changed is counted before it is parsed."""
     import tritonwatch.collector.jobs as jobs
+    from tritonwatch.collector.limits import check_sample_count as real
 
     counted: list[int] = []
-    real = jobs.check_sample_count
 
     def counting(target: str, text: str, limits: Any) -> None:
         counted.append(text.count("\n"))
