@@ -265,7 +265,7 @@ def main() -> None:
           "a scraper that falls behind stores fewer, and its figure covers less work")
     print("samples: Prometheus = head samples appended (NaN kept, +5 synthetic per scrape); "
           "tritonwatch = rows stored (NaN skipped, + derived SLIs, +3 synthetic per scrape)")
-    print(f"target: tritonwatch >= 50% of Prometheus's samples/CPU-s on each backend; the "
+    print(f"target: tritonwatch >= 70% of Prometheus's samples/CPU-s on each backend; the "
           f"simulated fleet (excluded) used {fleet_cpu:.1f} CPU s in all")
 
 
