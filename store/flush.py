@@ -128,7 +128,7 @@ class SampleWriter:
         lowest: int | None = None
         with transaction(self._engine, write=True) as conn:
             seq = next_seq(conn)
-            rows: list[dict[str, Any]] = []
+            rows: list[samplelog.LogRow] = []
             size = 0
             for target_work in target_groups(work, 1):  # one target per group
                 sids, tss, vals = self._columns(target_work)

@@ -54,7 +54,10 @@ def test_rows_per_name_give_back_their_samples_and_reads_filter_them(
     # Series id i is named "m{i % kinds}".
     unique = np.unique(ids)
     index = (unique, unique % kinds, [f"m{k}" for k in range(kinds)])
-    rows = samplelog.target_rows("t", 7, (ids, ts, values), index)
+    rows = [dict(zip(("target", "name", "seq", "start_ms", "end_ms", "n", "data"), r,
+                     strict=True))
+            for r in samplelog.target_rows("t", 7, (ids, ts, values), index)]
+    assert {(r["target"], r["seq"]) for r in rows} == {("t", 7)}
     names = [r["name"] for r in rows]
     assert len(names) == len(set(names)) == len({int(i) % kinds for i in unique})
     lo_ms, hi_ms = T * 1000 + lo, T * 1000 + lo + span
