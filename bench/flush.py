@@ -1,7 +1,7 @@
 """CPU per sample of ``Store.flush`` alone, in the two shapes the collector flushes.
 
-    .venv/bin/python -m bench.flush [--backend sqlite|postgres|both] [--shape ingest|ingest1|fleet|all]
-        [--flushes 6] [--profile FILE]
+    .venv/bin/python -m bench.flush [--backend sqlite|postgres|both]
+        [--shape ingest|ingest1|fleet|all] [--flushes 6] [--profile FILE]
 
 Shapes (payloads from ``tests.payloads.Template``, parsed once with the collector's parser;
 later scrapes move every counter on as the simulated server does):
@@ -95,11 +95,19 @@ def backend_url(name: str) -> Iterator[str]:
             yield url
 
 
+def _wchar() -> int:
+    """Bytes this process has passed to write() (SQLite's WAL and checkpoints; PostgreSQL's
+    writes are the server's)."""
+    with open("/proc/self/io") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("wchar:"))
+
+
 def run(url: str, shape: Shape, flushes: int, profile: cProfile.Profile | None) -> None:
     srcs = sources(shape)
     store: Store = open_store(url, batch_rows=1 << 30)
     store.migrations.apply()
     cpu: list[float] = []
+    wrote: list[float] = []
     samples = 0
     step = 0
     try:
@@ -112,13 +120,14 @@ def run(url: str, shape: Shape, flushes: int, profile: cProfile.Profile | None) 
             step += shape.scrapes
             if profile is not None and f >= WARMUP:
                 profile.enable()
-            c0 = time.process_time()
+            w0, c0 = _wchar(), time.process_time()
             n = store.flush()
-            c1 = time.process_time()
+            c1, w1 = time.process_time(), _wchar()
             if profile is not None and f >= WARMUP:
                 profile.disable()
             if f >= WARMUP:
                 cpu.append((c1 - c0) / n)
+                wrote.append((w1 - w0) / n)
                 samples = n
         end = T0 + step * shape.every_s
         reads = []
@@ -132,7 +141,8 @@ def run(url: str, shape: Shape, flushes: int, profile: cProfile.Profile | None) 
     print(
         f"  {shape.name:6} {samples:>8,} samples/flush  flush CPU "
         f"{statistics.median(cpu) * 1e9:7.0f} ns/sample (min {min(cpu) * 1e9:.0f}, "
-        f"max {max(cpu) * 1e9:.0f}; {len(cpu)} flushes)  read 5 min of {READ_NAME} "
+        f"max {max(cpu) * 1e9:.0f}; {len(cpu)} flushes), {statistics.median(wrote):.0f} B/sample "
+        f"written by this process  read 5 min of {READ_NAME} "
         f"({read_series} series, {read_n} samples) {statistics.median(reads) * 1e3:.2f} ms CPU"
     )
 

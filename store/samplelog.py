@@ -34,7 +34,6 @@ import logging
 import struct
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
-from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -44,7 +43,13 @@ from sqlalchemy import Connection, Engine, delete, func, select, tuple_
 from tritonwatch.schemas import tables as t
 from tritonwatch.store.chunks import MAX_SAMPLES, encode, run_bounds, sort_keep_last
 from tritonwatch.store.engine import transaction
-from tritonwatch.store.write import PG_COPY_HEADER, PG_COPY_TRAILER, PG_LOCK_ROLLUP, insert_chunks
+from tritonwatch.store.write import (
+    PG_COPY_HEADER,
+    PG_COPY_TRAILER,
+    PG_LOCK_ROLLUP,
+    SampleColumns,
+    insert_chunks,
+)
 
 log = logging.getLogger(__name__)
 
@@ -64,33 +69,43 @@ LogRow = tuple[str, str, int, int, int, int, bytes]
 NameIndex = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], list[str]]
 
 
-def target_rows(
+def named_columns(
     target: str,
-    seq: int,
     columns: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.float64]],
     names: NameIndex,
-) -> list[LogRow]:
-    """The ``sample_log`` rows of one target's samples written by flush ``seq``: one row per
-    metric name, so that a reader of a few names decodes only theirs.
-
-    ``columns`` are ``(ids, ts, values)`` with each series' samples together and in time
-    order, without duplicate keys (sorted by ``(id, ts)`` will do); the series of a name
-    together as well (``write.sample_columns``) saves a sort.  ``names`` gives each id's name
-    (``write.Layout.name_index``, which must hold every id).
-
-    Built column-wise: the rows' headers in one array, each row's bytes one slice of it and
-    one of the chunks' data (a fleet's flush is tens of thousands of rows of a few samples).
-    """
+) -> SampleColumns:
+    """One target's ``(ids, ts, values)``, each series' samples together and in time order,
+    with each sample's log row (its name) found by its id in ``names``
+    (``write.Layout.name_index``, which must hold every id)."""
     sids, ts, values = columns
+    index_ids, index_codes, index_names = names
+    rows = np.empty(0, np.int64)
+    if len(sids):
+        pos = np.minimum(np.searchsorted(index_ids, sids), len(index_ids) - 1)
+        if not len(index_ids) or not (index_ids[pos] == sids).all():
+            raise ValueError(f"sample_log rows of {target!r}: a series id has no name")
+        rows = index_codes[pos]
+    return SampleColumns(sids, ts, values, rows, [(target, name) for name in index_names])
+
+
+def log_rows(seq: int, columns: SampleColumns) -> list[LogRow]:
+    """The ``sample_log`` rows of ``columns`` (``write.sample_columns``) written by flush
+    ``seq``: one per ``(target, name)`` of ``columns.keys`` that has samples.
+
+    Built column-wise, a flush's group of targets at once: the rows' headers in one array,
+    each row's bytes one slice of it and one of the chunks' data (a fleet's flush is tens of
+    thousands of rows of a few samples each).
+    """
+    sids, ts, values, row_of, keys = columns
     chunks = encode(sids, ts, values)
-    codes = _chunk_names(target, chunks.ids, names)
+    codes = row_of[chunks.offsets // 16]
     starts, ends = run_bounds(codes)
     if len(np.unique(codes)) != len(starts):
-        # A name's series apart: grouped by name (stably, so each series stays in time order)
-        # and encoded again.
-        order = np.argsort(np.repeat(codes, chunks.n), kind="stable")
+        # A row's series apart (columns in id order): grouped by row, stably, so that each
+        # series stays together and in time order, and encoded again.
+        order = np.argsort(row_of, kind="stable")
         chunks = encode(sids[order], ts[order], values[order])
-        codes = _chunk_names(target, chunks.ids, names)
+        codes = row_of[order][chunks.offsets // 16]
         starts, ends = run_bounds(codes)
     if not len(starts):
         return []
@@ -115,26 +130,16 @@ def target_rows(
             (chunks.offsets[last] + chunks.sizes[last]).tolist(), strict=True,
         )
     ]
-    row_names = [names[2][c] for c in codes[starts].tolist()]
-    return list(zip(
-        repeat(target), row_names, repeat(seq),
-        np.minimum.reduceat(chunks.start_ms, starts).tolist(),
-        np.maximum.reduceat(chunks.end_ms, starts).tolist(),
-        np.add.reduceat(chunks.n, starts).tolist(), datas,
-    ))
-
-
-def _chunk_names(
-    target: str, ids: npt.NDArray[np.int64], names: NameIndex
-) -> npt.NDArray[np.int64]:
-    """Each chunk's name, as its index in ``names[2]``."""
-    index_ids, index_codes, _ = names
-    if not len(ids):
-        return np.empty(0, np.int64)
-    pos = np.minimum(np.searchsorted(index_ids, ids), len(index_ids) - 1)
-    if not len(index_ids) or not (index_ids[pos] == ids).all():
-        raise ValueError(f"sample_log rows of {target!r}: a series id has no name")
-    return index_codes[pos]
+    row_keys = [keys[c] for c in codes[starts].tolist()]
+    return [
+        (target, name, seq, start_ms, end_ms, n, data)
+        for (target, name), start_ms, end_ms, n, data in zip(
+            row_keys,
+            np.minimum.reduceat(chunks.start_ms, starts).tolist(),
+            np.maximum.reduceat(chunks.end_ms, starts).tolist(),
+            np.add.reduceat(chunks.n, starts).tolist(), datas, strict=True,
+        )
+    ]
 
 
 def insert(conn: Connection, rows: Sequence[LogRow]) -> None:
