@@ -34,6 +34,8 @@ import logging
 import struct
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
+from itertools import repeat
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -100,7 +102,7 @@ def log_rows(seq: int, columns: SampleColumns) -> list[LogRow]:
     chunks = encode(sids, ts, values)
     codes = row_of[chunks.offsets // 16]
     starts, ends = run_bounds(codes)
-    if len(np.unique(codes)) != len(starts):
+    if not _grouped(codes[starts], len(keys)):
         # A row's series apart (columns in id order): grouped by row, stably, so that each
         # series stays together and in time order, and encoded again.
         order = np.argsort(row_of, kind="stable")
@@ -130,16 +132,20 @@ def log_rows(seq: int, columns: SampleColumns) -> list[LogRow]:
             (chunks.offsets[last] + chunks.sizes[last]).tolist(), strict=True,
         )
     ]
-    row_keys = [keys[c] for c in codes[starts].tolist()]
-    return [
-        (target, name, seq, start_ms, end_ms, n, data)
-        for (target, name), start_ms, end_ms, n, data in zip(
-            row_keys,
-            np.minimum.reduceat(chunks.start_ms, starts).tolist(),
-            np.maximum.reduceat(chunks.end_ms, starts).tolist(),
-            np.add.reduceat(chunks.n, starts).tolist(), datas, strict=True,
-        )
-    ]
+    row_keys = list(map(keys.__getitem__, codes[starts].tolist()))
+    return list(zip(
+        map(itemgetter(0), row_keys), map(itemgetter(1), row_keys), repeat(seq),
+        np.minimum.reduceat(chunks.start_ms, starts).tolist(),
+        np.maximum.reduceat(chunks.end_ms, starts).tolist(),
+        np.add.reduceat(chunks.n, starts).tolist(), datas,
+    ))
+
+
+def _grouped(run_codes: npt.NDArray[np.int64], size: int) -> bool:
+    """Whether runs with these codes (each in ``range(size)``) hold each code once."""
+    seen = np.zeros(size, bool)
+    seen[run_codes] = True
+    return int(np.count_nonzero(seen)) == len(run_codes)
 
 
 def insert(conn: Connection, rows: Sequence[LogRow]) -> None:
