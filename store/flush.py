@@ -26,6 +26,7 @@ from tritonwatch.store.write import (
     REFUSED,
     UNRESOLVED,
     Layout,
+    SampleColumns,
     SeriesKeyTuple,
     name_index,
     next_seq,
@@ -128,24 +129,16 @@ class SampleWriter:
         lowest: int | None = None
         with transaction(self._engine, write=True) as conn:
             seq = next_seq(conn)
-            rows: list[dict[str, Any]] = []
-            size = 0
-            for target_work in target_groups(work, 1):  # one target per group
-                sids, tss, vals = self._columns(target_work)
-                if not len(sids):
-                    continue
-                lays = list({id(w[0]): w[0] for w in target_work}.values())
-                rows += samplelog.target_rows(
-                    lays[0].target, seq, (sids, tss, vals), name_index(lays)
-                )
-                written += len(sids)
-                size += len(sids)
-                first = int(tss.min())
-                lowest = first if lowest is None else min(lowest, first)
-                if size >= FLUSH_GROUP_SAMPLES:
-                    samplelog.insert(conn, rows)
-                    rows, size = [], 0
-            samplelog.insert(conn, rows)
+            for group in target_groups(work, FLUSH_GROUP_SAMPLES):
+                rows: list[samplelog.LogRow] = []
+                for columns in self._columns(group):
+                    if not len(columns.ids):
+                        continue
+                    rows += samplelog.log_rows(seq, columns)
+                    written += len(columns.ids)
+                    first = int(columns.ts.min())
+                    lowest = first if lowest is None else min(lowest, first)
+                samplelog.insert(conn, rows)
             # Samples older than the rollup watermark (a buffer flushed after an outage, or a
             # lagging second writer) move it back in this same transaction, so they are rolled
             # up before raw retention may delete them.
@@ -176,51 +169,70 @@ class SampleWriter:
     @staticmethod
     def _columns(
         work: list[tuple[Layout, int, np.ndarray[Any, np.dtype[np.float64]], int]],
-    ) -> tuple[np.ndarray[Any, np.dtype[np.int64]], np.ndarray[Any, np.dtype[np.int64]],
-               np.ndarray[Any, np.dtype[np.float64]]]:
-        """``work``'s samples as sorted columns without NaN (see ``sample_columns``)."""
+    ) -> list[SampleColumns]:
+        """``work``'s samples as columns without NaN (see ``sample_columns``): all at once, or,
+        when that needs a sort, one target at a time (only those targets take the sort)."""
         columns = sample_columns([(lay, ts_ms, values) for lay, ts_ms, values, _ in work])
-        if columns is None:
-            return SampleWriter._sorted_columns(work)
-        sids, tss, vals = columns
-        return SampleWriter._dropped(work, sids, tss, vals)
+        if columns is not None:
+            return [SampleWriter._dropped(work, columns)]
+        out = []
+        for target_work in target_groups(work, 1):  # one target per group
+            columns = sample_columns(
+                [(lay, ts_ms, values) for lay, ts_ms, values, _ in target_work]
+            )
+            out.append(
+                SampleWriter._sorted_columns(target_work) if columns is None
+                else SampleWriter._dropped(target_work, columns)
+            )
+        return out
 
     @staticmethod
     def _dropped(
         work: list[tuple[Layout, int, np.ndarray[Any, np.dtype[np.float64]], int]],
-        sids: np.ndarray[Any, np.dtype[np.int64]],
-        tss: np.ndarray[Any, np.dtype[np.int64]],
-        vals: np.ndarray[Any, np.dtype[np.float64]],
-    ) -> tuple[np.ndarray[Any, np.dtype[np.int64]], np.ndarray[Any, np.dtype[np.int64]],
-               np.ndarray[Any, np.dtype[np.float64]]]:
+        columns: SampleColumns,
+    ) -> SampleColumns:
         """The columns without NaN samples and samples of refused series (no id)."""
+        keep = SampleWriter._kept(work, columns.ids, columns.values)
+        return columns if keep is None else columns.take(keep)
+
+    @staticmethod
+    def _kept(
+        work: list[tuple[Layout, int, np.ndarray[Any, np.dtype[np.float64]], int]],
+        sids: np.ndarray[Any, np.dtype[np.int64]],
+        vals: np.ndarray[Any, np.dtype[np.float64]],
+    ) -> np.ndarray[Any, np.dtype[np.bool_]] | None:
+        """Which samples are neither NaN nor of a refused series (None: all)."""
         nan = any(w[3] for w in work)
         refused = any(w[0].refused for w in work)
         if not (nan or refused):
-            return sids, tss, vals
+            return None
         keep = ~np.isnan(vals) if nan else sids >= 0
         if nan and refused:
             keep &= sids >= 0
-        return sids[keep], tss[keep], vals[keep]
+        return keep
 
     @staticmethod
     def _sorted_columns(
         work: list[tuple[Layout, int, np.ndarray[Any, np.dtype[np.float64]], int]],
-    ) -> tuple[np.ndarray[Any, np.dtype[np.int64]], np.ndarray[Any, np.dtype[np.int64]],
-               np.ndarray[Any, np.dtype[np.float64]]]:
-        """The general case of ``sample_columns``: every sample, sorted by ``(id, ts)``."""
+    ) -> SampleColumns:
+        """The general case of ``sample_columns``, for one target: every sample, sorted by
+        ``(id, ts)``, each named by a lookup of its id."""
         sids = np.concatenate([lay.ids for lay, _, _, _ in work])
         tss = np.repeat(
             np.fromiter((w[1] for w in work), np.int64, len(work)),
             [len(lay.ids) for lay, _, _, _ in work],
         )
         vals = np.concatenate([w[2] for w in work])
-        sids, tss, vals = SampleWriter._dropped(work, sids, tss, vals)
-        # Key order makes the inserts sequential in the (series_id, ts) B-tree; of two samples
-        # with the same key (a series listed twice, or two label orders of one series) the one
-        # written last is kept.
+        keep = SampleWriter._kept(work, sids, vals)
+        if keep is not None:
+            sids, tss, vals = sids[keep], tss[keep], vals[keep]
+        # Key order; of two samples with the same key (a series listed twice, or two label
+        # orders of one series) the one written last is kept.
         kept = sort_keep_last(sids, tss, vals)
-        return kept.ids, kept.ts, kept.values
+        lays = list({id(w[0]): w[0] for w in work}.values())
+        return samplelog.named_columns(
+            lays[0].target, (kept.ids, kept.ts, kept.values), name_index(lays)
+        )
 
     def _resolve_layouts(
         self, stale: list[tuple[Layout, np.ndarray[Any, np.dtype[np.bool_]]]]

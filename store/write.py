@@ -10,7 +10,7 @@ import struct
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import groupby, repeat
 from operator import itemgetter
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -138,8 +138,8 @@ class Layout:
     ``born`` is when the oldest of its ids was resolved (monotonic seconds).
     """
 
-    __slots__ = ("_names", "_order", "born", "ids", "labels", "names", "refused", "target",
-                 "unresolved")
+    __slots__ = ("_by_name", "_codes", "_names", "born", "ids", "labels", "names", "refused",
+                 "target", "unresolved")
 
     BLOCK = 256
     ids: npt.NDArray[np.int64]
@@ -188,8 +188,9 @@ class Layout:
         #: by this layout).
         self.unresolved = int(np.count_nonzero(ids == UNRESOLVED))
         self.refused = int(np.count_nonzero(ids == REFUSED))
-        self._order: npt.NDArray[np.int64] | None = None
+        self._by_name: NameOrder | None = None
         self._names: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], list[str]] | None = None
+        self._codes: tuple[npt.NDArray[np.int64], list[str]] | None = None
 
     def same(self, names: list[str], labels: list[Labels]) -> bool:
         # Identity first: list equality walks every item even for the list itself.
@@ -210,32 +211,73 @@ class Layout:
         )
         self.unresolved = int(np.count_nonzero(self.ids == UNRESOLVED))
         self.refused = int(np.count_nonzero(self.ids == REFUSED))
-        self._order = None
+        self._by_name = None
         self._names = None
 
-    def name_index(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], list[str]]:
-        """``(ids, codes, names)``: the ids in ascending order, and for each the index in
-        ``names`` of its series' name.  Kept until the ids change."""
-        if self._names is None:
+    def name_codes(self) -> tuple[npt.NDArray[np.int64], list[str]]:
+        """``(codes, names)``: each position's name as an index in ``names`` (the distinct
+        names, in order of first appearance).  Kept: a layout's names never change."""
+        if self._codes is None:
             index: dict[str, int] = {}
             codes = np.fromiter(
                 (index.setdefault(name, len(index)) for name in self.names),
                 np.int64, len(self.names),
             )
+            self._codes = codes, list(index)
+        return self._codes
+
+    def name_index(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], list[str]]:
+        """``(ids, codes, names)``: the ids in ascending order, and for each the index in
+        ``names`` of its series' name.  Kept until the ids change."""
+        if self._names is None:
+            codes, names = self.name_codes()
             order = np.argsort(self.ids, kind="stable")
-            self._names = (self.ids[order], codes[order], list(index))
+            self._names = (self.ids[order], codes[order], names)
         return self._names
 
-    def id_order(self) -> npt.NDArray[np.int64] | None:
-        """Positions in ascending id order, or None when two positions share an id (a series
-        listed twice).  Positions without an id come first.  Kept until the ids change."""
-        if self._order is None:
-            order = np.argsort(self.ids, kind="stable")
-            ids = self.ids[order]
-            twice = (ids[1:] == ids[:-1]) & (ids[1:] >= 0)
-            self._order = np.empty(0, np.int64) if twice.any() else order
-        order = self._order
-        return order if len(order) == len(self.ids) else None
+    def name_order(self) -> NameOrder | None:
+        """The positions grouped by name, in ascending id order within a name (what a flush's
+        log rows, one per name, want), or None when two positions share an id (a series
+        listed twice).  Kept until the ids change."""
+        if self._by_name is None:
+            ids = np.sort(self.ids)
+            if ((ids[1:] == ids[:-1]) & (ids[1:] >= 0)).any():
+                self._by_name = NameOrder(np.empty(0, np.int64), np.empty(0, np.int64),
+                                          np.empty(0, np.int64), [])
+            else:
+                codes, names = self.name_codes()
+                order = np.lexsort((self.ids, codes))
+                target = self.target
+                self._by_name = NameOrder(order, self.ids[order], codes[order],
+                                          [(target, name) for name in names])
+        by_name = self._by_name
+        return by_name if len(by_name.positions) == len(self.ids) else None
+
+
+class NameOrder(NamedTuple):
+    """A layout's positions grouped by name (:meth:`Layout.name_order`)."""
+
+    positions: npt.NDArray[np.int64]
+    ids: npt.NDArray[np.int64]  # the ids at ``positions``
+    codes: npt.NDArray[np.int64]  # their names, as indices in ``keys``
+    keys: list[tuple[str, str]]  # (target, name)
+
+
+class SampleColumns(NamedTuple):
+    """Samples of some targets as the columns a flush's log rows are built from: each series'
+    samples together and in time order, and ``rows``, each sample's log row (an index in
+    ``keys``, which holds that row's ``(target, name)``)."""
+
+    ids: npt.NDArray[np.int64]
+    ts: npt.NDArray[np.int64]
+    values: npt.NDArray[np.float64]
+    rows: npt.NDArray[np.int64]
+    keys: list[tuple[str, str]]
+
+    def take(self, keep: npt.NDArray[np.bool_] | npt.NDArray[np.int64]) -> SampleColumns:
+        """The samples ``keep`` selects (a mask or positions), keys unchanged."""
+        return SampleColumns(self.ids[keep], self.ts[keep], self.values[keep], self.rows[keep],
+                             self.keys)
 
 
 _Work = TypeVar("_Work", bound=tuple[Any, ...])
@@ -285,18 +327,19 @@ def name_index(
 
 def sample_columns(
     work: Sequence[tuple[Layout, int, npt.NDArray[np.float64]]],
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.float64]] | None:
-    """A flush's samples (scrapes given as ``(layout, ts_ms, values)``) as the columns
-    :func:`store.chunks.encode` takes, without sorting them, or None when that needs a sort.
+) -> SampleColumns | None:
+    """A flush's samples (scrapes given as ``(layout, ts_ms, values)``) as columns for its log
+    rows, without sorting them, or None when that needs a sort.
 
     A steady flush holds a few scrapes of each target, each with that target's one layout:
     the samples of a layout are then a (scrapes x series) matrix, and reading it by column in
-    the layout's id order gives each series' samples together, in time order.  Layouts of
-    different targets hold different series, so no series spans two of them.  That replaces
-    a lexsort of every sample of the flush (64 ms for 864k samples) with copies.  Declined
-    (None): a target with two layouts in the flush (its series changed), scrapes of a layout
-    not in strictly increasing time order, a series listed twice.  NaN samples are kept here
-    (the caller drops them).
+    the layout's name order (:meth:`Layout.name_order`) gives each series' samples together,
+    in time order, and each name's series together.  Layouts of different targets hold
+    different series, so no series spans two of them.  That replaces a lexsort of every
+    sample of the flush (64 ms for 864k samples) with copies.  Declined (None): no scrapes, a
+    target with two layouts in the flush (its series changed), scrapes of a layout not in
+    strictly increasing time order, a series listed twice.  NaN samples are kept here (the
+    caller drops them).
     """
     groups: dict[int, tuple[Layout, list[int], list[npt.NDArray[np.float64]]]] = {}
     targets: dict[str, int] = {}
@@ -311,16 +354,29 @@ def sample_columns(
             return None
         group[1].append(ts_ms)
         group[2].append(values)
-    ids, tss, vals = [], [], []
-    for lay, stamps, rows in groups.values():
-        order = lay.id_order()
-        if order is None:
+    ids, tss, vals, rows = [], [], [], []
+    keys: list[tuple[str, str]] = []
+    for lay, stamps, scrapes in groups.values():
+        by_name = lay.name_order()
+        if by_name is None:
             return None
+        order = by_name.positions
         k = len(stamps)
-        ids.append(np.repeat(lay.ids[order], k))
-        tss.append(np.tile(np.array(stamps, np.int64), len(order)))
-        vals.append(np.vstack(rows)[:, order].T.ravel())
-    return np.concatenate(ids), np.concatenate(tss), np.concatenate(vals)
+        if k == 1:  # a fleet's flush: one scrape per target
+            ids.append(by_name.ids)
+            tss.append(np.full(len(order), stamps[0], np.int64))
+            vals.append(scrapes[0][order])
+            rows.append(by_name.codes + len(keys))
+        else:
+            ids.append(np.repeat(by_name.ids, k))
+            tss.append(np.tile(np.array(stamps, np.int64), len(order)))
+            vals.append(np.vstack(scrapes)[:, order].T.ravel())
+            rows.append(np.repeat(by_name.codes + len(keys), k))
+        keys += by_name.keys
+    if not ids:
+        return None
+    return SampleColumns(np.concatenate(ids), np.concatenate(tss), np.concatenate(vals),
+                         np.concatenate(rows), keys)
 
 
 def next_seq(conn: Connection) -> int:

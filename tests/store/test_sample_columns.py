@@ -55,7 +55,11 @@ def flushes(draw: st.DrawFn) -> list[tuple[Layout, int, np.ndarray, int]]:
 @given(flushes())
 def test_grouped_columns_hold_the_same_samples_as_the_sorted_ones(work) -> None:
     fast = sample_columns([(lay, ts, values) for lay, ts, values, _ in work])
-    slow = SampleWriter._sorted_columns(work)
+    # The general path, a target at a time, in (id, ts) order.
+    slow = [np.concatenate(c) for c in zip(
+        *(SampleWriter._sorted_columns(w)[:3] for w in target_groups(work, 1)), strict=True)]
+    by_key = np.lexsort((slow[1], slow[0]))
+    slow = [c[by_key] for c in slow]
     if fast is None:
         # Declined only for what needs the sort: two layouts of one target, a layout's scrapes
         # out of time order, or a series listed twice.
@@ -70,9 +74,15 @@ def test_grouped_columns_hold_the_same_samples_as_the_sorted_ones(work) -> None:
         assert (any(len(v) > 1 for v in targets.values())
                 or any(s != sorted(set(s)) for s in stamps.values()) or dup)
         return
-    ids, ts, values = fast
+    ids, ts, values, rows, keys = fast
     keep = ~np.isnan(values)
-    ids, ts, values = ids[keep], ts[keep], values[keep]
+    ids, ts, values, rows = ids[keep], ts[keep], values[keep], rows[keep]
+    # Each sample's row is its series' (target, name), and a row's samples are together.
+    names = {i: (lay.target, lay.names[p]) for lay, *_ in work
+             for p, i in enumerate(lay.ids.tolist())}
+    assert [keys[r] for r in rows.tolist()] == [names[i] for i in ids.tolist()]
+    row_starts = np.r_[0, np.flatnonzero(np.diff(rows)) + 1] if len(rows) else rows
+    assert len(row_starts) == len(set(rows.tolist()))
     # Each series' samples together and in time order (what encode() needs)...
     if len(ids):
         starts = np.r_[0, np.flatnonzero(np.diff(ids)) + 1]
@@ -91,10 +101,27 @@ def test_a_steady_flush_takes_the_grouped_path() -> None:
             (a, 2000, np.array([6.0, 7.0, 8.0]))]
     columns = sample_columns(work)
     assert columns is not None
-    ids, ts, values = columns
-    assert ids.tolist() == [3, 3, 5, 5, 9, 9, 4, 8]
+    ids, ts, values, rows, keys = columns
+    assert ids.tolist() == [5, 5, 3, 3, 9, 9, 4, 8]
     assert ts.tolist() == [1000, 2000, 1000, 2000, 1000, 2000, 1000, 1000]
-    assert values.tolist() == [2.0, 7.0, 1.0, 6.0, 3.0, 8.0, 4.0, 5.0]
+    assert values.tolist() == [1.0, 6.0, 2.0, 7.0, 3.0, 8.0, 4.0, 5.0]
+    assert [keys[r] for r in rows.tolist()] == [
+        ("a", "m0"), ("a", "m0"), ("a", "m1"), ("a", "m1"), ("a", "m2"), ("a", "m2"),
+        ("b", "m0"), ("b", "m1")]
+
+
+def test_grouped_columns_put_a_names_series_together_in_id_order() -> None:
+    # Exposition order interleaves names (a histogram's _bucket, _sum, _count per label set):
+    # a log row per name wants each name's series together.
+    lay = Layout("a", ["x", "y", "x", "y"],
+                 [make_labels({"i": str(i)}) for i in range(4)], now=0.0)
+    lay.ids = np.array([9, 3, 5, 7], np.int64)
+    columns = sample_columns([(lay, 1000, np.array([1.0, 2.0, 3.0, 4.0]))])
+    assert columns is not None
+    assert columns.ids.tolist() == [5, 9, 3, 7]
+    assert columns.values.tolist() == [3.0, 1.0, 2.0, 4.0]
+    assert [columns.keys[r] for r in columns.rows.tolist()] == [
+        ("a", "x"), ("a", "x"), ("a", "y"), ("a", "y")]
 
 
 # --- a flush in groups of targets -----------------------------------------------------------

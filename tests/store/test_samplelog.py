@@ -54,24 +54,26 @@ def test_rows_per_name_give_back_their_samples_and_reads_filter_them(
     # Series id i is named "m{i % kinds}".
     unique = np.unique(ids)
     index = (unique, unique % kinds, [f"m{k}" for k in range(kinds)])
-    rows = samplelog.target_rows("t", 7, (ids, ts, values), index)
-    names = [r["name"] for r in rows]
+    # Rows are (target, name, seq, start_ms, end_ms, n, data).
+    rows = samplelog.log_rows(7, samplelog.named_columns("t", (ids, ts, values), index))
+    assert {(r[0], r[2]) for r in rows} == {("t", 7)}
+    names = [r[1] for r in rows]
     assert len(names) == len(set(names)) == len({int(i) % kinds for i in unique})
     lo_ms, hi_ms = T * 1000 + lo, T * 1000 + lo + span
     wanted = np.array(sorted(pick), np.int64)
     for r in rows:
-        got = samplelog._Rows([7], [r["data"]]).samples()
-        assert {f"m{int(i) % kinds}" for i in got[0]} == {r["name"]}
-        assert (r["start_ms"], r["end_ms"], r["n"]) == (got[1].min(), got[1].max(), len(got[1]))
+        got = samplelog._Rows([7], [r[6]]).samples()
+        assert {f"m{int(i) % kinds}" for i in got[0]} == {r[1]}
+        assert r[3:6] == (got[1].min(), got[1].max(), len(got[1]))
     # All rows decoded together, as ``read`` does, give back every sample...
     seqs = list(range(len(rows)))
-    sids, sts, svals, sseqs = samplelog._Rows(seqs, [r["data"] for r in rows]).samples()
+    sids, sts, svals, sseqs = samplelog._Rows(seqs, [r[6] for r in rows]).samples()
     back = sort_keep_last(sids, sts, svals)
     assert back.ids.tolist() == ids.tolist() and back.ts.tolist() == ts.tolist()
     assert back.values.tobytes() == values.tobytes()  # bit for bit: -0.0, inf, subnormals
     assert sorted(set(sseqs.tolist())) == seqs
     # ...and what ``read`` keeps of them: the picked series' chunks overlapping [lo, hi].
-    picked = samplelog.select_samples(seqs, [r["data"] for r in rows], wanted,
+    picked = samplelog.select_samples(seqs, [r[6] for r in rows], wanted,
                                       lo_ms=lo_ms, hi_ms=hi_ms)
     m = last_writes(*picked, lo_ms=lo_ms, hi_ms=hi_ms)
     keep = (ts >= lo_ms) & (ts <= hi_ms) & np.isin(ids, wanted)
