@@ -35,7 +35,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import psycopg
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DisconnectionError
@@ -206,6 +205,8 @@ class ConnectionGuard:
     def _do_connect(self, *_args: Any) -> None:
         if self.refusing:
             # A DBAPI error, so that SQLAlchemy and the store report it like any other.
+            import psycopg  # this guard is PostgreSQL's, which has loaded it
+
             raise psycopg.OperationalError(f"{self._name}: the store is shutting down")
 
     def _on_connect(self, dbapi_connection: Any, _record: Any) -> None:
@@ -222,6 +223,8 @@ class ConnectionGuard:
             self._fresh.discard(dbapi_connection)
         if fresh:
             return
+        import psycopg  # this guard is PostgreSQL's, which has loaded it
+
         try:
             self._dialect.do_ping(dbapi_connection)
         except psycopg.Error as exc:
@@ -275,6 +278,8 @@ class ConnectionGuard:
 
 def _shut_down(dbapi_connection: Any) -> bool:
     """Shut down the socket under a psycopg connection; False if it was already closed."""
+    import psycopg  # only ever given psycopg connections
+
     try:
         if dbapi_connection.closed:
             return False

@@ -29,13 +29,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import secrets
-from typing import Any
-
-import psycopg
+from typing import TYPE_CHECKING, Any
 
 from tritonwatch.store.engine import parse_url, pg_connect_args, redact
 from tritonwatch.store.errors import StoreError
 from tritonwatch.store.writer_lock import _conninfo
+
+if TYPE_CHECKING:
+    import psycopg
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +96,9 @@ class ClusterDb:
 
     def _connection(self) -> psycopg.Connection[Any]:
         if self._conn is None:
+            # Imported here: serve imports this module for every store, SQLite included.
+            import psycopg
+
             conn = psycopg.connect(autocommit=True, **self._params)
             try:
                 with conn.transaction():
@@ -114,10 +118,14 @@ class ClusterDb:
             row = conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()
             if row and row[0]:
                 return key
+        import psycopg
+
         raise psycopg.OperationalError("no free advisory lock for this member's session key")
 
     def _run(self, what: str, sql: str, params: tuple[Any, ...] | dict[str, Any] = ()
              ) -> list[tuple[Any, ...]]:
+        import psycopg
+
         try:
             cur = self._connection().execute(sql, params)
             return cur.fetchall() if cur.description else []
@@ -197,5 +205,7 @@ class ClusterDb:
         self.session_key = None
         conn, self._conn = self._conn, None
         if conn is not None:
+            import psycopg
+
             with contextlib.suppress(psycopg.Error):
                 conn.close()

@@ -29,13 +29,15 @@ import logging
 import os
 import socket
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import psycopg
 from sqlalchemy.engine import URL
 
 from tritonwatch.store.engine import parse_url, pg_connect_args, redact
 from tritonwatch.store.errors import StoreError, WriterLockHeld
+
+if TYPE_CHECKING:
+    import psycopg
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +143,8 @@ class _AdvisoryLock:
         name = f"tritonwatch serve pid={me['pid']} host={me['host']}"[:63]
         params = _conninfo(url)
         params.update(pg_connect_args(url, timeout_s=timeout_s, application_name=name))
+        import psycopg  # loaded for a PostgreSQL store only (a SQLite collector never needs it)
+
         try:
             conn = psycopg.connect(autocommit=True, **params)
         except psycopg.Error as exc:
@@ -164,6 +168,8 @@ class _AdvisoryLock:
 
     def release(self) -> None:
         if self._conn is not None:
+            import psycopg
+
             # The server drops a session's advisory locks when it ends.
             with contextlib.suppress(psycopg.Error):
                 self._conn.close()

@@ -101,7 +101,9 @@ def test_connection_the_target_closed_is_replaced() -> None:
 
 #: Modules ``serve`` must not load at start (each costs resident memory for the whole run).
 NOT_AT_START = ("pandas", "matplotlib", "streamlit", "tritonclient", "grpc", "scipy", "pyarrow",
-                "jinja2", "google.protobuf", "cramjam")
+                "jinja2", "google.protobuf", "cramjam",
+                # PostgreSQL's driver: a PostgreSQL store loads it when it connects.
+                "psycopg")
 
 
 def test_serve_does_not_import_what_it_needs_only_on_demand() -> None:
