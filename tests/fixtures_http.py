@@ -119,3 +119,32 @@ def fake_targets() -> Iterator[FakeTargets]:
 def down_url() -> str:
     """A URL on a port where nothing listens."""
     return f"http://127.0.0.1:{free_port()}/metrics"
+
+
+#: What :func:`keepalive_server` answers every GET with.
+KEEPALIVE_BODY = b"# TYPE up gauge\nup 1\n"
+
+
+@contextmanager
+def keepalive_server(
+    idle_timeout: float | None = None,
+) -> Iterator[tuple[str, list[tuple[str, int]]]]:
+    """A keep-alive HTTP/1.1 server on 127.0.0.1: its base URL, and the (path, client port) of
+    each request, in order (a new port is a new connection).  With ``idle_timeout`` it closes a
+    connection idle that long, as some exporters do."""
+    seen: list[tuple[str, int]] = []
+
+    class Handler(QuietHandler):
+        timeout = idle_timeout
+
+        def do_GET(self) -> None:
+            seen.append((self.path, self.client_address[1]))
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(KEEPALIVE_BODY)))
+            self.end_headers()
+            self.wfile.write(KEEPALIVE_BODY)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    with serving(server):
+        yield f"http://127.0.0.1:{server.server_address[1]}", seen

@@ -10,63 +10,30 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from tests.fixtures_http import KEEPALIVE_BODY, keepalive_server
 from tritonwatch.collector.scrape import KEEPALIVE_EXPIRY_S, fetch_metrics, make_client
 
-BODY = b"# TYPE up gauge\nup 1\n"
-
-
-@contextlib.contextmanager
-def _server(idle_timeout: float | None = None) -> Iterator[tuple[str, list[int]]]:
-    """A keep-alive HTTP/1.1 server on 127.0.0.1 recording the client port of each request;
-    with ``idle_timeout`` it closes a connection idle that long (as some exporters do)."""
-    ports: list[int] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-        timeout = idle_timeout
-
-        def do_GET(self) -> None:
-            ports.append(self.client_address[1])
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(BODY)))
-            self.end_headers()
-            self.wfile.write(BODY)
-
-        def log_message(self, format: str, *args: object) -> None:
-            pass
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    httpd.daemon_threads = True
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}/metrics", ports
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-        thread.join(30)
+BODY = KEEPALIVE_BODY
 
 
 @pytest.fixture
-def server() -> Iterator[tuple[str, list[int]]]:
-    with _server() as found:
+def server() -> Iterator[tuple[str, list[tuple[str, int]]]]:
+    with keepalive_server() as found:
         yield found
 
 
 def test_idle_scrape_connection_is_kept_past_httpx_default(
-    server: tuple[str, list[int]],
+    server: tuple[str, list[tuple[str, int]]],
 ) -> None:
-    url, ports = server
+    base, seen = server
+    url = base + "/metrics"
     assert KEEPALIVE_EXPIRY_S >= 300  # as Prometheus: longer than any usual scrape interval
 
     async def two_scrapes() -> None:
@@ -78,6 +45,7 @@ def test_idle_scrape_connection_is_kept_past_httpx_default(
                 assert body.text == BODY.decode()
 
     asyncio.run(two_scrapes())
+    ports = [port for _, port in seen]
     assert len(ports) == 2
     assert ports[0] == ports[1], "the second scrape opened a new connection"
 
@@ -94,8 +62,9 @@ def test_connection_the_target_closed_is_replaced() -> None:
                 body = await fetch_metrics(client, "t", url, timeout=30, max_bytes=1 << 20)
                 assert body.text == BODY.decode()
 
-    with _server(idle_timeout=0.5) as (url, ports):
-        asyncio.run(scrapes(url))
+    with keepalive_server(idle_timeout=0.5) as (base, seen):
+        asyncio.run(scrapes(base + "/metrics"))
+    ports = [port for _, port in seen]
     assert len(ports) == 2 and ports[0] != ports[1]
 
 

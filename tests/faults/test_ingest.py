@@ -10,45 +10,21 @@ import resource
 import struct
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from tests.fixtures_http import KEEPALIVE_BODY, keepalive_server
 from tritonwatch.collector.scrape import PoolPerUrl, fetch_metrics, make_client
 from tritonwatch.serve import OPEN_FILES_SPARE, raise_open_files_limit
 
-BODY = b"# TYPE up gauge\nup 1\n"
+BODY = KEEPALIVE_BODY
 
 
 @pytest.fixture
 def peers() -> Iterator[tuple[str, list[tuple[str, int]]]]:
-    """A keep-alive HTTP server on 127.0.0.1 recording (path, client port) per request."""
-    seen: list[tuple[str, int]] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def do_GET(self) -> None:
-            seen.append((self.path, self.client_address[1]))
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(BODY)))
-            self.end_headers()
-            self.wfile.write(BODY)
-
-        def log_message(self, format: str, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", seen
-    finally:
-        server.shutdown()
-        server.server_close()
+    with keepalive_server() as found:
+        yield found
 
 
 def test_each_target_keeps_its_own_connection(peers: tuple[str, list[tuple[str, int]]]) -> None:
