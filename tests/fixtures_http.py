@@ -31,25 +31,18 @@ OK_BODY = (
 class _Handler(QuietHandler):
     server: _Server
 
-    def _send(self, code: int, body: bytes, headers: dict[str, str] | None = None) -> None:
-        self.send_response(code)
-        self.send_header("Content-Length", str(len(body)))
-        for key, value in (headers or {}).items():
-            self.send_header(key, value)
-        self.end_headers()
-        self.wfile.write(body)
-
     def do_GET(self) -> None:
         self.server.hits.append((self.path, time.monotonic()))
         path = self.path
         try:
             if path == "/ok":
-                self._send(200, self.server.ok_body.encode())
+                self.send_body(200, self.server.ok_body.encode())
             elif path == "/slow":
                 time.sleep(30)
-                self._send(200, OK_BODY.encode())
+                self.send_body(200, OK_BODY.encode())
             elif path == "/garbage":
-                self._send(200, b'nv_inference_count{model="m" 12 this is not prometheus\n{{{\n')
+                self.send_body(
+                    200, b'nv_inference_count{model="m" 12 this is not prometheus\n{{{\n')
             elif path == "/endless":
                 self.send_response(200)
                 self.send_header("Transfer-Encoding", "chunked")
@@ -61,14 +54,15 @@ class _Handler(QuietHandler):
                     time.sleep(0.01)
             elif path == "/big":
                 body = gzip.compress(b"# " + b"a" * (8 << 20) + b"\n")
-                self._send(200, body, {"Content-Encoding": "gzip"})
+                self.send_body(200, body, {"Content-Encoding": "gzip"})
             elif path.startswith("/status/"):
-                self._send(int(path.rsplit("/", 1)[1]), b"nope")
+                self.send_body(int(path.rsplit("/", 1)[1]), b"nope")
             elif path == "/headers":
                 auth = self.headers.get("Authorization", "")
-                self._send(200 if auth == "Bearer s3cr3t-token-value" else 401, OK_BODY.encode())
+                code = 200 if auth == "Bearer s3cr3t-token-value" else 401
+                self.send_body(code, OK_BODY.encode())
             else:
-                self._send(404, b"not found")
+                self.send_body(404, b"not found")
         except (BrokenPipeError, ConnectionResetError):
             pass  # the scraper gave up on us, as it should
 

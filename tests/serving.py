@@ -22,6 +22,15 @@ class QuietHandler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: object) -> None:
         pass  # the request log would drown pytest's output
 
+    def send_body(self, code: int, body: bytes, headers: dict[str, str] | None = None) -> None:
+        """Answer ``code`` with ``body`` (its Content-Length set) and ``headers``."""
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(body)))
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
+        self.end_headers()
+        self.wfile.write(body)
+
 
 @contextmanager
 def serving(server: S) -> Iterator[S]:

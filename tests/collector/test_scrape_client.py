@@ -37,34 +37,26 @@ TEXT = 'nv_inference_count{model="m",version="1"} 10\n' * 200
 
 
 class _Handler(QuietHandler):
-    def _send(self, code: int, body: bytes, headers: dict[str, str] | None = None) -> None:
-        self.send_response(code)
-        self.send_header("Content-Length", str(len(body)))
-        for key, value in (headers or {}).items():
-            self.send_header(key, value)
-        self.end_headers()
-        self.wfile.write(body)
-
     def do_GET(self) -> None:
         path = self.path
         if path == "/ok":
-            self._send(200, TEXT.encode())
+            self.send_body(200, TEXT.encode())
         elif path == "/gzip":
-            self._send(200, gzip.compress(TEXT.encode()), {"Content-Encoding": "gzip"})
+            self.send_body(200, gzip.compress(TEXT.encode()), {"Content-Encoding": "gzip"})
         elif path == "/gzip-upper":
-            self._send(200, gzip.compress(TEXT.encode()), {"Content-Encoding": "GZIP"})
+            self.send_body(200, gzip.compress(TEXT.encode()), {"Content-Encoding": "GZIP"})
         elif path == "/deflate":
-            self._send(200, zlib.compress(TEXT.encode()), {"Content-Encoding": "deflate"})
+            self.send_body(200, zlib.compress(TEXT.encode()), {"Content-Encoding": "deflate"})
         elif path == "/identity":
-            self._send(200, TEXT.encode(), {"Content-Encoding": "identity"})
+            self.send_body(200, TEXT.encode(), {"Content-Encoding": "identity"})
         elif path == "/gzip-big":  # 2 MiB once decompressed, a few KiB on the wire
-            self._send(200, gzip.compress(b"#" * (2 << 20)), {"Content-Encoding": "gzip"})
+            self.send_body(200, gzip.compress(b"#" * (2 << 20)), {"Content-Encoding": "gzip"})
         elif path == "/bad-gzip":
-            self._send(200, b"this is not gzip", {"Content-Encoding": "gzip"})
+            self.send_body(200, b"this is not gzip", {"Content-Encoding": "gzip"})
         elif path == "/latin1":
-            self._send(200, "caf\u00e9 1\n".encode("latin-1"))
+            self.send_body(200, "caf\u00e9 1\n".encode("latin-1"))
         elif path == "/empty":
-            self._send(200, b"")
+            self.send_body(200, b"")
         elif path == "/chunked":
             self.send_response(200)
             self.send_header("Transfer-Encoding", "chunked")
@@ -89,17 +81,17 @@ class _Handler(QuietHandler):
                                        struct.pack("ii", 1, 0))
             self.close_connection = True
         elif path == "/redirect":
-            self._send(302, b"", {"Location": "/ok"})
+            self.send_body(302, b"", {"Location": "/ok"})
         elif path == "/cookie":
-            self._send(200, TEXT.encode(), {"Set-Cookie": "session=1"})
+            self.send_body(200, TEXT.encode(), {"Set-Cookie": "session=1"})
         elif path.startswith("/status/"):
-            self._send(int(path.rsplit("/", 1)[1]), b"nope")
+            self.send_body(int(path.rsplit("/", 1)[1]), b"nope")
         elif path.startswith("/echo"):  # the request line's target and headers, as text
             lines = [f"target {path}",
                      *sorted(f"{k.lower()}: {v}" for k, v in self.headers.items())]
-            self._send(200, ("\n".join(lines) + "\n").encode())
+            self.send_body(200, ("\n".join(lines) + "\n").encode())
         else:
-            self._send(404, b"not found")
+            self.send_body(404, b"not found")
 
 
 @pytest.fixture(scope="module")
