@@ -39,7 +39,10 @@ from sqlalchemy import (
 #: 6: compacted span chunks may refer to a timestamp column stored once in
 #: ``chunk_timestamps`` (``store.chunks``), which an older tritonwatch could not read; the
 #: upgrade only creates the table.
-SCHEMA_VERSION = 6
+#: 7: ``sample_log`` keyed ``(seq, target, name, start_ms)``, each flush listed in
+#: ``sample_log_flushes`` (readers find a window's log rows through it; an older writer would
+#: not list its flushes); ``store.migrate.rekey_sample_log`` converts.
+SCHEMA_VERSION = 7
 
 # Named constraints keep future migrations (ALTER ... DROP CONSTRAINT name) portable.
 metadata = MetaData(
@@ -118,8 +121,12 @@ chunk_timestamps = Table(
 # writes a row per name instead of a small row per series scattered over the chunks' B-tree,
 # which on SQLite rewrote a 4 KB page for every 16-byte sample at a fleet's 15 s interval.
 # Maintenance moves the log into ``sample_chunks`` (a few minutes' worth per series in one
-# chunk); readers merge both.  A rowid table: rows are appended in write order, and only the
-# small (target, name, seq) index entries land across a B-tree.
+# chunk); readers merge both.  A rowid table (rows appended in write order), keyed by ``seq``
+# first so that a flush's index entries are appended too: keyed ``(target, name, seq)``
+# (schema 3 to 6), each of a fleet's flushes inserted an entry into every (target, name)
+# range of the index, rewriting nearly all of its pages (at 300 targets, 50 B written per
+# sample after a move and 165 B five minutes later, growing with the log).  Readers find the
+# flushes overlapping their window in ``sample_log_flushes``, then their rows by key.
 sample_log = Table(
     "sample_log",
     metadata,
@@ -130,8 +137,22 @@ sample_log = Table(
     Column("end_ms", BigInteger, nullable=False),
     Column("n", Integer, nullable=False),  # samples
     Column("data", LargeBinary, nullable=False),
-    PrimaryKeyConstraint("target", "name", "seq"),
+    # ``start_ms``: a flush writes a row per hour it holds samples of (moved an hour at a time).
+    PrimaryKeyConstraint("seq", "target", "name", "start_ms"),
 )
+
+# One row per flush with rows in ``sample_log``: its ``seq`` and the oldest and newest sample
+# it wrote.  A read of a window takes the flushes overlapping it here (a few dozen rows), then
+# their log rows by ``(seq, target, name)``; the move into chunks deletes a flush's row once
+# its last log row is gone.
+sample_log_flushes = Table(
+    "sample_log_flushes",
+    metadata,
+    Column("seq", SeriesId, primary_key=True, autoincrement=False),  # the rowid on SQLite
+    Column("start_ms", BigInteger, nullable=False),
+    Column("end_ms", BigInteger, nullable=False),
+)
+
 # PostgreSQL would try to compress every row's blob (pglz) before moving it out of line;
 # float64 samples do not compress, and compressed chunks are compressed already, so that CPU
 # is wasted (on the hot path, for the log).

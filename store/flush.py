@@ -127,6 +127,7 @@ class SampleWriter:
         # succeed after all stores the same samples twice; the merge folds them together.
         written = 0
         lowest: int | None = None
+        highest = 0
         with transaction(self._engine, write=True) as conn:
             seq = next_seq(conn)
             for group in target_groups(work, FLUSH_GROUP_SAMPLES):
@@ -138,11 +139,13 @@ class SampleWriter:
                     written += len(columns.ids)
                     first = int(columns.ts.min())
                     lowest = first if lowest is None else min(lowest, first)
+                    highest = max(highest, int(columns.ts.max()))
                 samplelog.insert(conn, rows)
             # Samples older than the rollup watermark (a buffer flushed after an outage, or a
             # lagging second writer) move it back in this same transaction, so they are rolled
             # up before raw retention may delete them.
             if lowest is not None:
+                samplelog.record_flush(conn, seq, lowest, highest)
                 self._reader.watermarks_moved()
                 maintenance.rewind_watermarks(conn, lowest)
         if refusals and self._on_refused is not None:

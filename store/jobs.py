@@ -67,7 +67,8 @@ class Maintenance:
         stop = self._stopping.is_set
         t0 = time.perf_counter()
         with self._db("move the sample log into chunks"):
-            moved = samplelog.transpose(self._engine, gate=self._gate, stop=stop)
+            moved = samplelog.transpose(self._engine, gate=self._gate,
+                                         before_ms=samplelog.move_before(now_ms), stop=stop)
         t1 = time.perf_counter()
         written = removed = 0
         try:
@@ -110,6 +111,10 @@ class Maintenance:
                 raise QueryError(f"retention `{setting}` must be positive, got {value!r}")
         now_ms = round(now * 1000)
         with self._db("apply retention"):
+            # The log's samples past raw retention are moved first, and so cut like the rest
+            # (maintenance only moves whole hours an hour or so old; a late flush may be older).
+            samplelog.transpose(self._engine, gate=self._gate,
+                                before_ms=now_ms - round(raw_s * 1000), stop=self._stopping.is_set)
             try:
                 deleted = retention.apply_retention(
                     self._engine,

@@ -300,7 +300,8 @@ def _roll(
                 # First run only: start at the oldest data (a full scan, once).
                 found = [conn.execute(select(func.min(oldest))).scalar_one_or_none()]
                 if raw:  # samples flushed since the log was last moved are still in it
-                    found.append(conn.execute(select(func.min(t.sample_log.c.start_ms))).scalar())
+                    found.append(conn.execute(
+                        select(func.min(t.sample_log_flushes.c.start_ms))).scalar())
                 known = [int(f) for f in found if f is not None]
                 if not known:
                     return written  # nothing to summarise yet

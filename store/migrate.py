@@ -25,6 +25,13 @@ Version 5 -> 6: compaction may store a span's timestamp column once for the seri
 (``chunk_timestamps``, ``store.chunks``).  The upgrade creates the table (``create_all``) and
 bumps the version, which keeps an older tritonwatch, unable to read such chunks, off the
 database; the chunks already stored stay as they are and readable.
+
+Version 6 -> 7: ``sample_log`` is keyed ``(seq, target, name, start_ms)`` instead of
+``(target, name, seq)`` and each flush is listed in ``sample_log_flushes``
+(``store.samplelog``).  The log holds an hour of samples or so, so
+:func:`rekey_sample_log` rewrites it in the upgrade's own transaction (SQLite cannot change
+a primary key in place: the table is copied), and lists its flushes; the bump keeps an older
+tritonwatch, whose flushes would not be listed, off.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ import logging
 from contextlib import AbstractContextManager
 
 import numpy as np
-from sqlalchemy import Connection, Engine, func, inspect, select, text
+from sqlalchemy import Connection, Engine, func, insert, inspect, select, text
 
 from tritonwatch.schemas import tables as t
 from tritonwatch.store import rollup_chunks as rc
@@ -168,6 +175,35 @@ def recompress_chunks(conn: Connection) -> int | None:
     return window
 
 
+LOG_KEY = ["seq", "target", "name", "start_ms"]
+
+
+def rekey_sample_log(conn: Connection) -> bool:
+    """Give a version 3 to 6 ``sample_log`` its version 7 key and list its flushes in
+    ``sample_log_flushes``; returns whether there was anything to do."""
+    if inspect(conn).get_pk_constraint("sample_log")["constrained_columns"] == LOG_KEY:
+        return False
+    cols = ", ".join(c.name for c in t.sample_log.columns)
+    if conn.dialect.name == "postgresql":
+        conn.exec_driver_sql(
+            "ALTER TABLE sample_log DROP CONSTRAINT pk_sample_log, "
+            "ADD CONSTRAINT pk_sample_log PRIMARY KEY (seq, target, name, start_ms)"
+        )
+    else:
+        conn.exec_driver_sql("ALTER TABLE sample_log RENAME TO sample_log_v6")
+        t.sample_log.create(conn)
+        conn.exec_driver_sql(
+            f"INSERT INTO sample_log ({cols}) SELECT {cols} FROM sample_log_v6 ORDER BY seq"
+        )
+        conn.exec_driver_sql("DROP TABLE sample_log_v6")
+    c = t.sample_log.c
+    conn.execute(insert(t.sample_log_flushes).from_select(
+        ["seq", "start_ms", "end_ms"],
+        select(c.seq, func.min(c.start_ms), func.max(c.end_ms)).group_by(c.seq),
+    ))
+    return True
+
+
 class Migrations:
     """The schema of one store's database: created, or upgraded in place."""
 
@@ -217,4 +253,6 @@ class Migrations:
                         # finds version 5 and marks nothing twice (harmless anyway).  From
                         # version 4, compaction merges the hour chunks into 6 h spans.
                         recompress_chunks(conn)
+                    if int(stored) < 7:
+                        rekey_sample_log(conn)
                     set_meta(conn, "schema_version", str(t.SCHEMA_VERSION))

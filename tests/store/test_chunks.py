@@ -149,10 +149,25 @@ class Model:
 
     def __init__(self) -> None:
         self.data: dict[tuple[int, int], float] = {}
-        #: Flushed since the last maintenance: still in the sample log, which retention does not
-        #: cut (maintenance moves the log into chunks first; a late flush below the raw horizon
-        #: stays readable until the next maintenance moved it and the next retention ran).
-        self.logged: set[tuple[int, int]] = set()
+        #: Flushed and not yet moved: still in the sample log, which retention does not cut (a
+        #: late flush below the raw horizon stays readable until a maintenance moved it and the
+        #: next retention ran).  As the log's rows: one per flush and hour (one target, one
+        #: name here), each its keys and its newest sample.
+        self.rows: list[tuple[set[tuple[int, int]], int]] = []
+
+    @property
+    def logged(self) -> set[tuple[int, int]]:
+        return set().union(*(keys for keys, _ in self.rows))
+
+    def log(self, keys: list[tuple[int, int]]) -> None:
+        for hour in {ts // HOUR_MS for _, ts in keys}:
+            row = {k for k in keys if k[1] // HOUR_MS == hour}
+            self.rows.append((row, max(ts for _, ts in row)))
+
+    def move(self, cutoff_ms: int) -> None:
+        """Maintenance, and retention with its raw cutoff, move the log's rows that end before
+        ``cutoff_ms`` (``samplelog.transpose``)."""
+        self.rows = [(keys, end) for keys, end in self.rows if end >= cutoff_ms]
 
     def retain(self, cutoff_ms: int) -> None:
         self.data = {k: v for k, v in self.data.items() if k[1] >= cutoff_ms or k in self.logged}
@@ -311,7 +326,7 @@ def test_chunk_store_answers_like_a_reference_model(store_url: str, ops, final_c
             writers[w].flush()
             for i, ts_ms, v in buffers[w]:
                 model.data[(i, ts_ms)] = v
-                model.logged.add((i, ts_ms))
+            model.log([(i, ts_ms) for i, ts_ms, _ in buffers[w]])
             buffers[w].clear()
 
         for op in ops:
@@ -326,7 +341,7 @@ def test_chunk_store_answers_like_a_reference_model(store_url: str, ops, final_c
                 flush(op[1])
             elif op[0] == "maintain":
                 writers[0].maintenance.rollup(T + op[1] * 60)
-                model.logged.clear()
+                model.move(samplelog.move_before((T + op[1] * 60) * 1000))
             elif op[0] == "retain":
                 with transaction(raw_engine(writers[0]), write=False) as conn:
                     wm = maintenance.watermarks(conn).get(300_000, 0)
@@ -334,6 +349,7 @@ def test_chunk_store_answers_like_a_reference_model(store_url: str, ops, final_c
                 writers[0].maintenance.apply_retention(
                     T + op[1] + 86400, raw_s=86400, rollup_5m_s=1e8, rollup_1h_s=1e8
                 )
+                model.move((T + op[1]) * 1000)
                 model.retain(cutoff)
                 retained = True
             else:
@@ -414,7 +430,8 @@ def test_a_version_1_database_is_upgraded_in_place(
         ]
         conn.execute(_v1_samples.insert(), rows)
     t.sample_chunks.drop(engine)
-    t.sample_log.drop(engine)  # version 1 had neither
+    t.sample_log.drop(engine)  # version 1 had none of these
+    t.sample_log_flushes.drop(engine)
     old.close()
 
     monkeypatch.setattr(migrate, "BATCH_ROWS", 101)  # several transactions, cut mid-series
@@ -570,7 +587,9 @@ def test_compaction_merges_a_completed_span_of_hours_into_one_chunk_per_series(
     store.maintenance.rollup(end - 3600 + 600)  # all hours but the last compacted
     rows = _chunk_rows(store)
     assert all(a // 3_600_000 == b // 3_600_000 for a, b, _ in rows), rows  # hour chunks
-    assert len(rows) > 2 * (hours - 1)
+    # The log moves an hour at a time: one chunk per series and hour, the last hour still in
+    # the log.
+    assert len(rows) == 2 * (hours - 1)
     store.maintenance.rollup(end + 600)  # the span's last hour: the span merged
     assert _chunk_rows(store) == [(span * 1000, (end - 30) * 1000, hours * 120)] * 2
     assert store.read(Query("x", start=span, end=end)).series() == expected

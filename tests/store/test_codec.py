@@ -188,7 +188,7 @@ def test_compaction_compresses_each_hour_and_reads_the_same(store: Store) -> Non
             store.flush()
             samplelog.transpose(raw_engine(store), gate=nullcontext())
     before = store.read(Query("x", start=T, end=T + 7200)).series()
-    assert all(raw for _, raw in _chunk_formats(store))
+    assert len(_chunk_formats(store)) == 3 * 24  # a chunk per series and move
     store.maintenance.rollup(T + 7200 + 600)
     formats = _chunk_formats(store)
     # A chunk per series and hour, or per series if the two hours end a span (schema 5).

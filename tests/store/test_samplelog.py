@@ -57,8 +57,11 @@ def test_rows_per_name_give_back_their_samples_and_reads_filter_them(
     # Rows are (target, name, seq, start_ms, end_ms, n, data).
     rows = samplelog.log_rows(7, samplelog.named_columns("t", (ids, ts, values), index))
     assert {(r[0], r[2]) for r in rows} == {("t", 7)}
-    names = [r[1] for r in rows]
-    assert len(names) == len(set(names)) == len({int(i) % kinds for i in unique})
+    # A row per name and hour (the log moves an hour at a time).
+    keys = [(r[1], r[3] // 3_600_000) for r in rows]
+    assert all(r[3] // 3_600_000 == r[4] // 3_600_000 for r in rows)
+    assert len(keys) == len(set(keys))
+    assert {name for name, _ in keys} == {f"m{int(i) % kinds}" for i in unique}
     lo_ms, hi_ms = T * 1000 + lo, T * 1000 + lo + span
     wanted = np.array(sorted(pick), np.int64)
     for r in rows:
@@ -155,11 +158,11 @@ def test_moving_in_small_transactions_moves_whole_targets(
     transactions = 0
     real = samplelog._move
 
-    def counting(conn, targets):
+    def counting(conn, cutoff, targets):
         nonlocal transactions
         transactions += 1
         assert len(targets) == 2  # 6 samples each: the second target fills the budget
-        return real(conn, targets)
+        return real(conn, cutoff, targets)
 
     monkeypatch.setattr(samplelog, "_move", counting)
     assert _move(store) == 24
@@ -184,12 +187,13 @@ def test_rollups_include_samples_still_in_the_log(store: Store) -> None:
     for k in range(40):
         store.write("t", T + k * 15, [Sample("x", (), 1.0)])
     store.flush()
-    # The rollup's transposition ran; a flush right after it puts more into the same buckets.
+    # The rollup ran (the hour is not over: nothing moved); a flush right after it puts more
+    # into the same buckets.
     store.maintenance.rollup(T + 60)
     for k in range(40, 60):
         store.write("t", T + k * 15, [Sample("x", (), 1.0)])
     store.flush()
-    assert _table_counts(store)[0] == 1
+    assert _table_counts(store) == (2, 0)
     from tritonwatch.store import maintenance
 
     maintenance.rollup(raw_engine(store), now_ms=(T + 3600) * 1000)  # reads the log as it is
@@ -226,7 +230,7 @@ def test_a_damaged_row_is_dropped_loudly_and_the_rest_moves_on(
     monkey = pytest.MonkeyPatch()
     monkey.setattr(samplelog, "TRANSPOSE_SAMPLES", 1)  # one target per transaction
     try:
-        store.maintenance.rollup(T + 3600)  # does not raise
+        store.maintenance.rollup(T + 3600 + 300)  # moves the hour first; does not raise
     finally:
         monkey.undo()
     assert "dropped a damaged sample_log row (target 'bad', name 'x'" in caplog.text
