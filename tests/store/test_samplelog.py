@@ -283,3 +283,67 @@ def test_any_target_and_name_text_goes_through_the_log(store: Store) -> None:
     _move(store)
     (data,) = store.read(Query(name, start=T, end=T + 60, target=target)).series()
     assert data.values == (1.5,)
+
+
+def _make_schema6_log(store: Store) -> None:
+    """Turn ``store``'s schema into version 6's where the log differs: ``sample_log`` keyed
+    ``(target, name, seq)``, and no flush listed."""
+    with transaction(raw_engine(store), write=True) as conn:
+        if conn.dialect.name == "postgresql":
+            conn.exec_driver_sql(
+                "ALTER TABLE sample_log DROP CONSTRAINT pk_sample_log, "
+                "ADD CONSTRAINT pk_sample_log PRIMARY KEY (target, name, seq)")
+        else:
+            conn.exec_driver_sql("ALTER TABLE sample_log RENAME TO old_log")
+            conn.exec_driver_sql(
+                "CREATE TABLE sample_log (target TEXT NOT NULL, name TEXT NOT NULL, "
+                "seq BIGINT NOT NULL, start_ms BIGINT NOT NULL, end_ms BIGINT NOT NULL, "
+                "n INTEGER NOT NULL, data BLOB NOT NULL, "
+                "CONSTRAINT pk_sample_log PRIMARY KEY (target, name, seq))")
+            conn.exec_driver_sql("INSERT INTO sample_log SELECT * FROM old_log")
+            conn.exec_driver_sql("DROP TABLE old_log")
+        conn.execute(t.sample_log_flushes.delete())
+        conn.execute(t.meta.update().where(t.meta.c.key == "schema_version").values(value="6"))
+
+
+def test_a_schema_6_log_is_rekeyed_and_its_flushes_listed(store_url: str) -> None:
+    from sqlalchemy import inspect
+
+    from tritonwatch.store import open_store
+
+    old = open_store(store_url)
+    old.migrations.apply()
+    for k in range(3):  # three flushes, two targets, two names
+        for target in ("a", "b"):
+            old.write(target, T + k * 15, [Sample("x", make_labels({"i": "0"}), float(k)),
+                                           Sample("y", (), 10.0 + k)])
+        old.flush()
+    before = {name: old.read(Query(name, start=T, end=T + 60)).series() for name in "xy"}
+    with transaction(raw_engine(old), write=False) as conn:
+        rows = conn.execute(select(t.sample_log)).all()
+    _make_schema6_log(old)
+    old.close()
+
+    s = open_store(store_url)
+    try:
+        s.migrations.apply()
+        with transaction(raw_engine(s), write=False) as conn:
+            assert inspect(conn).get_pk_constraint("sample_log")["constrained_columns"] == [
+                "seq", "target", "name", "start_ms"]
+            assert sorted(conn.execute(select(t.sample_log)).all()) == sorted(rows)
+            listed = conn.execute(select(t.sample_log_flushes).order_by("seq")).all()
+            assert [(f.start_ms, f.end_ms) for f in listed] == [
+                ((T + k * 15) * 1000, (T + k * 15) * 1000) for k in range(3)]
+            assert conn.execute(select(t.meta.c.value).where(
+                t.meta.c.key == "schema_version")).scalar_one() == str(t.SCHEMA_VERSION)
+        for name in "xy":
+            assert s.read(Query(name, start=T, end=T + 60)).series() == before[name]
+            # Only the flushes overlapping a window are read: the middle one here.
+            (one,) = s.read(Query(name, start=T + 15, end=T + 15, target="a")).series()
+            assert one.ts == (T + 15,)
+        assert samplelog.transpose(raw_engine(s), gate=nullcontext()) == 12
+        assert _table_counts(s) == (0, 4)  # a chunk per series
+        for name in "xy":
+            assert s.read(Query(name, start=T, end=T + 60)).series() == before[name]
+    finally:
+        s.close()
