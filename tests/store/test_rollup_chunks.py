@@ -107,6 +107,15 @@ def test_compressed_rollup_chunks_decode_to_what_was_written_bit_for_bit(
                      np.concatenate([raw.n, packed.n]), raw.blobs() + blobs,
                      lo_ms=-(2**62), hi_ms=2**62)
     _same(both, rows)
+    # The same with the chunks' ends given (a dense chunk's ts computed, not decoded) and only
+    # some columns asked for: raw chunks are decoded all at once, packed ones one by one.
+    dense = rc.decode(np.concatenate([raw.ids, packed.ids]), seqs[::-1].copy(),
+                      np.concatenate([raw.start_ms, packed.start_ms]),
+                      np.concatenate([raw.n, packed.n]), raw.blobs() + blobs,
+                      lo_ms=-(2**62), hi_ms=2**62, columns=("sum", "last"),
+                      ends=np.concatenate([raw.end_ms, packed.end_ms]), res=res)
+    assert dense.ids.tolist() == rows.ids.tolist() and dense.ts.tolist() == rows.ts.tolist()
+    assert _bits(dense.sum) == _bits(rows.sum) and _bits(dense.last) == _bits(rows.last)
     mid = int(np.median(rows.ts))
     part = rc.decode(packed.ids, np.zeros(len(packed), np.int64), packed.start_ms, packed.n,
                      blobs, lo_ms=mid, hi_ms=2**62, columns=("sum",))
