@@ -12,9 +12,11 @@ decodes only their rows.
 
 Row format.  ``data`` is little-endian int64 words: ``k`` (chunks), then the ``k`` series ids,
 then the ``k`` sample counts, then the chunks' data one after the other, each in the
-``store.chunks`` encoding (``n`` timestamps, then ``n`` float64 values).  ``start_ms`` and
-``end_ms`` are the row's oldest and newest sample, ``n`` its samples; ``name`` the name of all
-of its series.
+``store.chunks`` encoding (``n`` timestamps, then ``n`` float64 values).  A row of one scrape
+(each series one sample, all at one instant: a fleet's steady state) is written compact:
+``-k``, the timestamp, the ``k`` ids, the ``k`` values (16 bytes a sample instead of 32).
+``start_ms`` and ``end_ms`` are the row's oldest and newest sample, ``n`` its samples;
+``name`` the name of all of its series.
 
 The last-write rule still holds.  A log row carries its flush's ``seq``, so readers simply treat
 its chunks as chunks (:func:`read`).  :func:`transpose` moves *every* log row of a target at
@@ -121,6 +123,9 @@ def log_rows(seq: int, columns: SampleColumns) -> list[LogRow]:
         return [row for hour in np.unique(hours).tolist()
                 for row in log_rows(seq, columns.take(hours == hour))]
     sids, ts, values, row_of, keys = columns
+    compact = _compact_rows(seq, columns)
+    if compact is not None:
+        return compact
     chunks = encode(sids, ts, values)
     codes = row_of[chunks.offsets // 16]
     starts, ends = run_bounds(codes)
@@ -160,6 +165,41 @@ def log_rows(seq: int, columns: SampleColumns) -> list[LogRow]:
         np.minimum.reduceat(chunks.start_ms, starts).tolist(),
         np.maximum.reduceat(chunks.end_ms, starts).tolist(),
         np.add.reduceat(chunks.n, starts).tolist(), datas,
+    ))
+
+
+def _compact_rows(seq: int, columns: SampleColumns) -> list[LogRow] | None:
+    """The rows of ``columns`` in the compact layout (module docstring), or None unless each
+    row is one scrape: every series one sample, a row's samples at one instant."""
+    sids, ts, values, row_of, keys = columns
+    if not len(sids) or (sids[1:] == sids[:-1]).any():
+        return None
+    starts, ends = run_bounds(row_of)
+    if not _grouped(row_of[starts], len(keys)):
+        order = np.argsort(row_of, kind="stable")  # a row's series apart: grouped by row
+        sids, ts, values, row_of = sids[order], ts[order], values[order], row_of[order]
+        starts, ends = run_bounds(row_of)
+    k = ends - starts
+    row = np.repeat(np.arange(len(k), dtype=np.int64), k)
+    if (ts != ts[starts][row]).any():
+        return None
+    size = 2 + 2 * k
+    row_end = np.cumsum(size)
+    row_at = row_end - size
+    words = np.empty(int(row_end[-1]), _LE_I64)
+    words[row_at] = -k
+    words[row_at + 1] = ts[starts]
+    at = row_at[row] + 2 + np.arange(len(sids), dtype=np.int64) - starts[row]
+    words[at] = sids
+    words[at + k[row]] = np.ascontiguousarray(values, _LE_F64).view(_LE_I64)
+    buf = words.tobytes()
+    datas = [buf[a:b] for a, b in zip((8 * row_at).tolist(), (8 * row_end).tolist(),
+                                      strict=True)]
+    row_keys = list(map(keys.__getitem__, row_of[starts].tolist()))
+    stamps = ts[starts].tolist()
+    return list(zip(
+        map(itemgetter(0), row_keys), map(itemgetter(1), row_keys), repeat(seq), stamps,
+        stamps, k.tolist(), datas,
     ))
 
 
@@ -224,35 +264,45 @@ _PG_LOG_FIELDS = struct.Struct(">iqiqiqiii")
 
 class _Rows:
     """Log rows decoded together, as columns of their chunks (no per-row Python work: a read
-    of one name across a fleet is tens of thousands of small rows)."""
+    of one name across a fleet is tens of thousands of small rows).  Rows of both layouts
+    (module docstring) may be mixed."""
 
-    __slots__ = ("at", "ids", "ns", "seqs", "words")
+    __slots__ = ("at", "ids", "ns", "seqs", "vat", "words")
 
     def __init__(self, seqs: Sequence[int], datas: Sequence[bytes]) -> None:
         lens = np.fromiter(map(len, datas), np.int64, len(datas))
         if (lens % 8).any() or (lens < 8).any():
             raise ValueError("sample_log row data is not a whole number of int64 words")
         words = np.frombuffer(b"".join(datas), _LE_I64)
-        row_at = np.cumsum(lens // 8) - lens // 8
-        k = words[row_at].astype(np.int64)
-        # Compared before any arithmetic on them: a damaged count must not wrap around.
-        if (k < 1).any() or (k > lens // 16).any():
+        size = lens // 8
+        row_at = np.cumsum(size) - size
+        head = words[row_at].astype(np.int64)
+        compact = head < 0
+        k = np.where(compact, -head, head)
+        # Compared before any arithmetic on them: a damaged count must not wrap around.  A
+        # chunk takes at least 4 words (id, count, a sample's two), a compact one 2.
+        if (k < 1).any() or (k > np.where(compact, size // 2, (size - 1) // 4)).any():
             raise ValueError("sample_log row header names more chunks than the row holds")
+        if (compact & (2 + 2 * k != size)).any():
+            raise ValueError("sample_log row does not hold the samples its header counts")
         row = np.repeat(np.arange(len(datas), dtype=np.int64), k)
         first = np.cumsum(k) - k
         pos = np.arange(int(k.sum()), dtype=np.int64) - first[row]
-        id_at = row_at[row] + 1 + pos
-        ns = words[id_at + k[row]].astype(np.int64)
-        if (ns < 1).any() or (ns > lens[row] // 16).any():
+        one = compact[row]
+        id_at = row_at[row] + 1 + pos + one
+        ns = np.where(one, 1, words[id_at + k[row]].astype(np.int64))
+        if ((ns < 1) | (ns > size[row] // 2)).any():
             raise ValueError("sample_log row counts an empty or oversized chunk")
-        if ((1 + 2 * k + 2 * np.add.reduceat(ns, first)) != lens // 8).any():
+        if (~compact & (1 + 2 * k + 2 * np.add.reduceat(ns, first) != size)).any():
             raise ValueError("sample_log row does not hold the samples its header counts")
         before = np.cumsum(ns) - ns
         self.words = words
         self.ids = words[id_at].astype(np.int64)
         self.ns = ns
-        #: Word index of each chunk's first timestamp.
-        self.at = (row_at + 1 + 2 * k)[row] + 2 * (before - before[first][row])
+        #: Word index of each chunk's first timestamp, and of its first value.
+        at = (row_at + 1 + 2 * k)[row] + 2 * (before - before[first][row])
+        self.at = np.where(one, row_at[row] + 1, at)
+        self.vat = np.where(one, id_at + k[row], at + ns)
         self.seqs = np.asarray(seqs, np.int64)[row]
 
     def samples(
@@ -261,15 +311,13 @@ class _Rows:
                npt.NDArray[np.int64]]:
         """``(ids, ts, values, seqs)`` of the samples of the chunks ``keep`` (all by default),
         grouped by chunk."""
-        at, ns, ids, seqs = self.at, self.ns, self.ids, self.seqs
+        at, vat, ns, ids, seqs = self.at, self.vat, self.ns, self.ids, self.seqs
         if keep is not None:
-            at, ns, ids, seqs = at[keep], ns[keep], ids[keep], seqs[keep]
+            at, vat, ns, ids, seqs = at[keep], vat[keep], ns[keep], ids[keep], seqs[keep]
         total = int(ns.sum())
-        pos = np.repeat(at, ns) + np.arange(total, dtype=np.int64) - np.repeat(
-            np.cumsum(ns) - ns, ns
-        )
-        ts = self.words[pos].astype(np.int64)
-        values = self.words[pos + np.repeat(ns, ns)].view(_LE_F64).astype(np.float64)
+        offset = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(ns) - ns, ns)
+        ts = self.words[np.repeat(at, ns) + offset].astype(np.int64)
+        values = self.words[np.repeat(vat, ns) + offset].view(_LE_F64).astype(np.float64)
         return np.repeat(ids, ns), ts, values, np.repeat(seqs, ns)
 
 

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlalchemy import func, select, text
 
+from tests.store.test_codec import _value_bits
 from tests.store_sql import raw_engine
 from tritonwatch.schemas import tables as t
 from tritonwatch.schemas.samples import Sample, make_labels
@@ -90,6 +91,11 @@ _DAMAGED = [
     np.array([1, 9, 2, 5], "<i8").tobytes(),
     np.array([2, 1, 2, 2**62, 2**62], "<i8").tobytes(),  # counts that would wrap around
     np.array([2**62, 1, 1, 5, 5], "<i8").tobytes(),
+    np.array([2, 1, 1, 5, 5], "<i8").tobytes(),  # two chunks in room for one
+    # Compact rows (one scrape): -k, ts, k ids, k values.
+    np.array([-2, 7, 1, 2, 5], "<i8").tobytes(),  # a value short
+    np.array([-(2**63), 7, 1, 5], "<i8").tobytes(),  # a count that wraps around
+    np.array([-1, 7, 1, 5, 0], "<i8").tobytes(),  # a word too many
 ]
 
 
@@ -97,6 +103,40 @@ _DAMAGED = [
 def test_a_damaged_row_is_refused(data: bytes) -> None:
     with pytest.raises(ValueError, match="sample_log row"):
         samplelog._Rows([1], [data])
+
+
+@settings(max_examples=100, deadline=None)
+@given(n=st.integers(1, 40), kinds=st.integers(1, 4), data=st.data())
+def test_one_scrape_rows_are_compact_and_decode_with_any_rows_bit_for_bit(
+    n: int, kinds: int, data: st.DataObject
+) -> None:
+    # One sample per series, a row's at one instant: the compact layout (16 bytes a sample).
+    ids = np.arange(1, n + 1, dtype=np.int64)
+    stamps = {k: data.draw(st.integers(0, 3_599_999)) for k in range(kinds)}
+    ts = np.array([T * 1000 + stamps[int(i) % kinds] for i in ids], np.int64)
+    values = np.array(data.draw(st.lists(_value_bits, min_size=n, max_size=n)),
+                      np.uint64).view(np.float64)
+    index = (ids, ids % kinds, [f"m{k}" for k in range(kinds)])
+    rows = samplelog.log_rows(3, samplelog.named_columns("t", (ids, ts, values), index))
+    assert len(rows) == len({int(i) % kinds for i in ids})
+    for r in rows:
+        assert len(r[6]) == 16 + 16 * r[5] and r[3] == r[4]  # compact: -k, ts, ids, values
+    # Decoded beside a row of the other layout (two samples of one series), as a read does.
+    other = samplelog.log_rows(4, samplelog.named_columns(
+        "t", (np.array([99, 99]), np.array([T * 1000, T * 1000 + 15_000]),
+              np.array([1.5, -0.0])), (np.array([99]), np.array([0]), ["y"])))
+    assert len(other) == 1 and len(other[0][6]) == 8 * (1 + 2 + 4)
+    for mixed in (rows + other, other + rows):
+        got = samplelog._Rows([r[2] for r in mixed], [r[6] for r in mixed]).samples()
+        back = sort_keep_last(*got[:3])
+        want_ids = np.concatenate([ids, [99, 99]])
+        want_ts = np.concatenate([ts, [T * 1000, T * 1000 + 15_000]])
+        want_v = np.concatenate([values, [1.5, -0.0]])
+        order = np.lexsort((want_ts, want_ids))
+        assert back.ids.tolist() == want_ids[order].tolist()
+        assert back.ts.tolist() == want_ts[order].tolist()
+        assert back.values.tobytes() == want_v[order].tobytes()  # bit for bit
+        assert sorted(set(got[3].tolist())) == [3, 4]
 
 
 def test_a_flush_writes_one_log_row_per_target_and_moving_it_changes_no_answer(
