@@ -116,17 +116,17 @@ chunk_timestamps = Table(
     sqlite_with_rowid=False,
 )
 
-# The flushes' append-only log (see store/samplelog.py): one row per target and metric name
-# per flush, holding that flush's chunks of those series packed into one blob.  A flush thus
-# writes a row per name instead of a small row per series scattered over the chunks' B-tree,
-# which on SQLite rewrote a 4 KB page for every 16-byte sample at a fleet's 15 s interval.
-# Maintenance moves the log into ``sample_chunks`` (a few minutes' worth per series in one
-# chunk); readers merge both.  A rowid table (rows appended in write order), keyed by ``seq``
-# first so that a flush's index entries are appended too: keyed ``(target, name, seq)``
-# (schema 3 to 6), each of a fleet's flushes inserted an entry into every (target, name)
-# range of the index, rewriting nearly all of its pages (at 300 targets, 50 B written per
-# sample after a move and 165 B five minutes later, growing with the log).  Readers find the
-# flushes overlapping their window in ``sample_log_flushes``, then their rows by key.
+# The flushes' append-only log (see store/samplelog.py): one row per target, metric name and
+# hour per flush, holding that flush's chunks of those series packed into one blob.  A flush
+# thus writes a row per name instead of a small row per series scattered over the chunks'
+# B-tree, which on SQLite rewrote a 4 KB page for every 16-byte sample at a fleet's 15 s
+# interval.  Maintenance moves each hour of the log into ``sample_chunks`` (compressed, a chunk
+# per series) 5 minutes after it ends; readers merge both.  Keyed by ``seq`` first, so that a
+# flush's rows are appended: keyed ``(target, name, seq)`` (schemas 3 to 6), each of a fleet's
+# flushes inserted into every (target, name) range of the key, rewriting nearly all of its
+# pages (at 300 targets, 51 B written per sample after a move, 165 B five minutes later).
+# Readers find the flushes overlapping their window in ``sample_log_flushes``, then the rows
+# by key.
 sample_log = Table(
     "sample_log",
     metadata,
@@ -139,6 +139,9 @@ sample_log = Table(
     Column("data", LargeBinary, nullable=False),
     # ``start_ms``: a flush writes a row per hour it holds samples of (moved an hour at a time).
     PrimaryKeyConstraint("seq", "target", "name", "start_ms"),
+    # On SQLite the rows live in the key's B-tree (appended too, the key leading with seq):
+    # a rowid table kept each row's key twice, in the rows and in the index.
+    sqlite_with_rowid=False,
 )
 
 # One row per flush with rows in ``sample_log``: its ``seq`` and the oldest and newest sample
