@@ -182,6 +182,31 @@ def backend(name: str) -> Iterator[tuple[str, int | None]]:
         yield url, info[0]
 
 
+class _Backends:
+    """CPU of the PostgreSQL client backends of the store's database (its connections), from
+    /proc: the server's work for the evaluation's queries, without autovacuum, the
+    checkpointer and the WAL writer, whose bursts after the fill swamp the server total."""
+
+    def __init__(self, url: str) -> None:
+        import psycopg
+
+        self.conn = psycopg.connect(url, autocommit=True)
+
+    def cpu(self) -> float:
+        rows = self.conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE backend_type = 'client backend' "
+            "AND datname = current_database() AND pid <> pg_backend_pid()").fetchall()
+        total = 0.0
+        for (pid,) in rows:
+            st = proc_stat(int(pid))
+            if st is not None:
+                total += st[1] + st[2]
+        return total
+
+    def close(self) -> None:
+        self.conn.close()
+
+
 class TimedRule:
     """``rule`` with the process CPU of its evaluations added up (per-rule breakdown)."""
 
@@ -210,6 +235,11 @@ def run(name: str, targets: int, hours: float, evals: int,
         def db_cpu() -> float:
             return process_tree_cpu(pg_pid) if pg_pid else 0.0
 
+        watcher = _Backends(url) if pg_pid else None
+
+        def backends_cpu() -> float:
+            return watcher.cpu() if watcher is not None else 0.0
+
         store = open_store(url)
         store.migrations.apply()
         srcs = sources(targets)
@@ -232,15 +262,20 @@ def run(name: str, targets: int, hours: float, evals: int,
         rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         digest = hashlib.sha256()
 
+        served: list[float] = []
+
         def one() -> tuple[float, float]:
+            b0 = backends_cpu()
             c0, d0 = time.process_time(), db_cpu()
             job.evaluate()
             c1, d1 = time.process_time(), db_cpu()
+            served.append(backends_cpu() - b0)
             _digest(engine, digest)
             return c1 - c0, d1 - d0
 
         cold = one()
         spent.clear()
+        served.clear()
         cpu: list[float] = []
         db: list[float] = []
         for _ in range(evals):
@@ -255,6 +290,8 @@ def run(name: str, targets: int, hours: float, evals: int,
         rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         states = engine.states()
         store.close()
+        if watcher is not None:
+            watcher.close()
     total = [c + d for c, d in zip(cpu, db, strict=True)]
     print(f"{name}: {targets} targets, {hours:g} h filled in {fill_wall:.0f} s "
           f"({fill_cpu:.0f} CPU s); {len(states)} alert state(s) at the end; "
@@ -267,6 +304,12 @@ def run(name: str, targets: int, hours: float, evals: int,
               f"; PostgreSQL server median {statistics.median(db) * 1e3:.1f} ms (min "
               f"{min(db) * 1e3:.1f}, max {max(db) * 1e3:.1f}); both median "
               f"{statistics.median(total) * 1e3:.1f} ms" if pg_pid else ""))
+    with_backends = [c + b for c, b in zip(cpu, served, strict=True)]
+    if pg_pid:
+        print(f"  PostgreSQL backends serving the store (client backends, not autovacuum or "
+              f"the checkpointer): median {statistics.median(served) * 1e3:.1f} ms per "
+              f"evaluation (min {min(served) * 1e3:.1f}, max {max(served) * 1e3:.1f}); process "
+              f"+ backends median {statistics.median(with_backends) * 1e3:.1f} ms")
     print(f"  peak RSS {rss0 / 1024:.0f} MiB after the fill, {rss1 / 1024:.0f} MiB after the "
           "evaluations")
     print("  per rule (process CPU, mean per evaluation):")
