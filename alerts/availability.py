@@ -6,14 +6,21 @@ numbers): alike in shape from rule to rule, deliberately not shared, as no two s
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from tritonwatch.alerts.formatting import fmt_change, fmt_value, where
+from tritonwatch.alerts.grouping import by_labels
 from tritonwatch.alerts.history import QUANTUM_S, ceil_to, floor_to
-from tritonwatch.alerts.series_reads import MODEL, BuiltinRule, group_sums, per_series
+from tritonwatch.alerts.series_reads import (
+    FEW_TARGETS,
+    MODEL,
+    BuiltinRule,
+    group_sums,
+    per_series,
+)
 from tritonwatch.schemas.alerts import AlertCandidate
-from tritonwatch.schemas.samples import Labels, make_labels
+from tritonwatch.schemas.samples import Labels
 from tritonwatch.schemas.values import Duration, format_duration
 from tritonwatch.store import Query
 
@@ -35,9 +42,7 @@ def sums_counts(
     acc: dict[tuple[str, Labels], list[float]] = {}
 
     def add(key: SeriesKey, total: float, n: float) -> None:
-        lbl = dict(key.labels)
-        a = acc.setdefault((key.target, make_labels({k: lbl[k] for k in by if k in lbl})),
-                           [0.0, 0.0])
+        a = acc.setdefault((key.target, by_labels(key.labels, by)), [0.0, 0.0])
         a[0] += total
         a[1] += n
 
@@ -108,8 +113,13 @@ class FailureRatioSpikeRule(BuiltinRule):
         def mean(a: list[float] | None) -> float:
             return a[0] / a[1] if a is not None and a[1] else 0.0
 
+        models: dict[Labels, Labels] = {}  # the same few label sets on every target
+
         def model_key(key: tuple[str, Labels]) -> tuple[str, Labels]:
-            return key[0], tuple(p for p in key[1] if p[0] != "reason")
+            found = models.get(key[1])
+            if found is None:
+                found = models[key[1]] = tuple(p for p in key[1] if p[0] != "reason")
+            return key[0], found
 
         fail_all: dict[tuple[str, Labels], list[float]] = {}  # [recent, baseline] mean rates
         for src, i in ((fail_now, 0), (fail_base, 1)):
@@ -163,12 +173,23 @@ class TargetDownRule(BuiltinRule):
 
     def evaluate(self, store: Store, now: float) -> list[AlertCandidate]:
         last: dict[str, tuple[float, float]] = {}  # target -> (ts, value) of latest ``up``
-        for sd in store.read(Query("up", start=now - self.lookback, end=now, step=60.0,
-                                   agg="min")).series():
-            if sd.ts and (sd.target not in last or sd.ts[-1] > last[sd.target][0]):
-                last[sd.target] = (sd.ts[-1], sd.values[-1])
         # The latest raw samples decide (a bucket's min hides a recovery inside it).
         recent = store.read(Query("up", start=now - 2 * self.stale_after, end=now)).series()
+        # The lookback's minute buckets matter only for targets without a recent sample: of a
+        # target with one, the latest bucket starts at or before its latest sample (both
+        # windows end at ``now``), so the recent samples decide as they would after it.  A
+        # configured target that is answering (all of them, mostly) needs no hour of ``up``.
+        fresh = {sd.target for sd in recent if sd.ts}
+        hour = Query("up", start=now - self.lookback, end=now, step=60.0, agg="min")
+        if self.targets is None:
+            buckets = store.read(hour).series()
+        else:
+            stale = sorted(self.targets - fresh)
+            buckets = (store.read(hour).series() if len(stale) > FEW_TARGETS else
+                       [sd for t in stale for sd in store.read(replace(hour, target=t)).series()])
+        for sd in buckets:
+            if sd.ts and (sd.target not in last or sd.ts[-1] > last[sd.target][0]):
+                last[sd.target] = (sd.ts[-1], sd.values[-1])
         for sd in recent:
             if sd.ts and sd.ts[-1] >= last.get(sd.target, (-math.inf, 0.0))[0]:
                 last[sd.target] = (sd.ts[-1], sd.values[-1])

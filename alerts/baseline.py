@@ -163,8 +163,16 @@ class BaselineCache:
         self._reverse: RegressionSpec | None = None
         self._load: dict[str, BucketHistory] = {}
         self._shared_loads: SharedLoads = {} if loads is None else loads
-        # The recent window: its buckets older than a grace are kept too (read once).
-        self.recent = RecentBuckets(spec.series, step=spec.step, by=spec.by, match=spec.match)
+        # The recent window: its buckets older than a grace are kept too (read once).  Shared
+        # like the load's: two rules on the same series (the GPU's utilization and its
+        # efficiency) read it once per ``now``.
+        recent_key = ("recent-series", spec.series, spec.step, tuple(spec.by),
+                      tuple(sorted(spec.match.items())), spec.recent_window)
+        recent = self._shared_loads.get(recent_key)
+        if not isinstance(recent, RecentBuckets):
+            recent = self._shared_loads[recent_key] = RecentBuckets(
+                spec.series, step=spec.step, by=spec.by, match=spec.match)
+        self.recent = recent
         self.recent_load: RecentBuckets | None = None
         if spec.load_series is not None:
             # Shared too: rules with the same load and recent window read it once per ``now``.
@@ -202,8 +210,16 @@ class BaselineCache:
         lo, hi = self._range(window)
         hist = self._series.get(kind)
         if hist is None:
-            hist = self._series[kind] = BucketHistory(
-                spec.series, step=spec.step, by=spec.by, match=spec.match)
+            # Shared by the rules on the same series and windows, as the load's (below).
+            series_key = ("series", spec.series, spec.step, tuple(spec.by),
+                          tuple(sorted(spec.match.items())), kind, spec.recent_window,
+                          spec.baseline_window, baseline_quantum(spec))
+            shared = self._shared_loads.get(series_key)
+            hist = shared if isinstance(shared, BucketHistory) else None
+            if hist is None:
+                hist = self._shared_loads[series_key] = BucketHistory(
+                    spec.series, step=spec.step, by=spec.by, match=spec.match)
+            self._series[kind] = hist
         hist.advance(store, lo, hi)
         load_gen = -1
         if spec.load_series is not None:

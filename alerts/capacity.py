@@ -13,7 +13,7 @@ import numpy as np
 
 from tritonwatch.alerts.formatting import display, fmt_value, where
 from tritonwatch.alerts.history import RecentBuckets
-from tritonwatch.alerts.series_reads import MODEL, BuiltinRule, means
+from tritonwatch.alerts.series_reads import MODEL, BuiltinRule, means, means_of
 from tritonwatch.schemas.alerts import AlertCandidate
 from tritonwatch.schemas.samples import Labels
 from tritonwatch.schemas.values import Duration, format_duration
@@ -32,8 +32,10 @@ class KvCacheSaturationRule(BuiltinRule):
     def evaluate(self, store: Store, now: float) -> list[AlertCandidate]:
         out: list[AlertCandidate] = []
         util = means(store, "sli:kv_cache_utilization", now, self.window, MODEL)
-        queue = means(store, "sli:queue_time_seconds", now, self.window, MODEL)
-        pending = means(store, "sli:pending_requests", now, self.window, MODEL)
+        # What the annotations quote, read for the targets alerted on only.
+        hot = {target for (target, _), u in util.items() if not u < self.threshold}
+        queue = means_of(store, "sli:queue_time_seconds", now, self.window, MODEL, hot)
+        pending = means_of(store, "sli:pending_requests", now, self.window, MODEL, hot)
         for key in sorted(util):
             u = util[key]
             if u < self.threshold:
@@ -138,8 +140,13 @@ class GpuIdleWhileQueuedRule(BuiltinRule):
     def evaluate(self, store: Store, now: float) -> list[AlertCandidate]:
         out: list[AlertCandidate] = []
         joined = means(store, "sli:gpu_idle_while_queued", now, self.window, ("gpu_uuid",))
-        pending_gpu = means(store, "sli:gpu_pending_requests", now, self.window, ("gpu_uuid",))
-        util_ratio = means(store, "sli:gpu_utilization_ratio", now, self.window, ("gpu_uuid",))
+        # What the annotations quote, read for the targets alerted on only.
+        idle = {target for (target, _), share in joined.items()
+                if not share < self.idle_share}
+        pending_gpu = means_of(store, "sli:gpu_pending_requests", now, self.window,
+                               ("gpu_uuid",), idle)
+        util_ratio = means_of(store, "sli:gpu_utilization_ratio", now, self.window,
+                              ("gpu_uuid",), idle)
         with_join = {target for target, _ in joined}
         for key in sorted(joined):
             share = joined[key]
@@ -154,11 +161,15 @@ class GpuIdleWhileQueuedRule(BuiltinRule):
             out.append(self._candidate(target, labels, share, extra))
         # Fallback from Triton's own metrics, per target without the join series.
         util = means(store, "sli:gpu_utilization", now, self.window, ("gpu_uuid",))
-        pending = means(store, "sli:pending_requests", now, self.window, MODEL)
         by_target: dict[str, list[tuple[Labels, float]]] = {}
         for (target, labels), u in util.items():
             if target not in with_join:
                 by_target.setdefault(target, []).append((labels, u))
+        # Pending requests matter only where every GPU is idle: read for those targets only
+        # (none on a busy fleet).
+        all_idle = {target for target, gpus in by_target.items()
+                    if not any(u >= self.threshold for _, u in gpus)}
+        pending = means_of(store, "sli:pending_requests", now, self.window, MODEL, all_idle)
         # Summed per target in one pass: summing inside the loop over targets read every
         # target's models once per target (7 M steps per evaluation at 1,000 targets).
         queued_by_target: dict[str, float] = {}

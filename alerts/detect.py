@@ -111,7 +111,13 @@ from tritonwatch.alerts.grouping import (
 )
 from tritonwatch.alerts.model import Rule
 from tritonwatch.alerts.moved import likely_cause, related_moves
-from tritonwatch.alerts.stats import Comparison, is_regression, judge
+from tritonwatch.alerts.stats import (
+    Comparison,
+    fast_median,
+    is_regression,
+    judge,
+    regression_verdict,
+)
 from tritonwatch.schemas.alerts import AlertCandidate
 from tritonwatch.schemas.regressions import RegressionSpec
 from tritonwatch.schemas.samples import Labels, make_labels
@@ -225,10 +231,10 @@ def detect(
             model = use.event_model(kind, event) if event is not None else use.model(kind, key)
             if model is None:
                 continue
-            c = judge(model, recent, use_load, spec)
-            if c is None:
+            judged, c = regression_verdict(model, recent, use_load, spec)
+            if not judged:
                 continue
-            if is_regression(c, spec):
+            if c is not None:  # a regression
                 base = HeldBaseline(kind, window, model, event, fallback)
                 findings.append(ev.finding(key, base, c, use_load))
             break
@@ -261,11 +267,17 @@ def _driver_words(names: tuple[str, ...]) -> str:
 
 class _RecentLoad:
     """The recent window's load of every target, read once per evaluation when first needed
-    (most evaluations find no instance with an effect, and read none)."""
+    (most evaluations find no instance with an effect, and read none).
+
+    What it works out from a read (the rows per target, each instance's median) is kept in
+    the read's :attr:`RecentBuckets.memo`, so the rules sharing the read (the built-in ones
+    all weigh load by request rate) work it out once per evaluation, not once per rule:
+    the same arithmetic on the same arrays, so the same numbers."""
 
     def __init__(self, store: Store, cache: BaselineCache, start: float, now: float) -> None:
         self.store, self.cache, self.start, self.now = store, cache, start, now
         self._by_target: dict[str, list[tuple[Labels, npt.NDArray[np.float64]]]] | None = None
+        self._memo: dict[object, object] = {}
 
     def models(self, target: str) -> list[str]:
         """``model`` (``version``) of every model of ``target`` with load in the window."""
@@ -282,11 +294,18 @@ class _RecentLoad:
         if self._by_target is None and self.cache.recent_load is None:
             self._by_target = {}
         if self._by_target is None:
-            self._by_target = defaultdict(list)
-            assert self.cache.recent_load is not None
-            read = self.cache.recent_load.read(self.store, self.start, self.now)[1]
-            for (t, lbl), larr in read.items():
-                self._by_target[t].append((lbl, larr))
+            recent_load = self.cache.recent_load
+            assert recent_load is not None
+            read = recent_load.read(self.store, self.start, self.now)[1]
+            memo = self._memo = recent_load.memo  # this read's: replaced with the next one
+            found = memo.get("by_target")
+            if found is None:
+                by_target: dict[str, list[tuple[Labels, npt.NDArray[np.float64]]]] = (
+                    defaultdict(list))
+                for (t, lbl), larr in read.items():
+                    by_target[t].append((lbl, larr))
+                found = memo["by_target"] = by_target
+            self._by_target = found  # type: ignore[assignment]
 
     def median(self, key: GroupKey) -> float | None:
         """Median over the window of the instance's load (summed over its series); None
@@ -299,11 +318,17 @@ class _RecentLoad:
         assert self._by_target is not None
         target, labels = key
         want = load_match(labels)
+        min_points = self.cache.spec.min_points
+        memo_key = ("median", target, tuple(want.items()), min_points)
+        if memo_key in self._memo:
+            return self._memo[memo_key]  # type: ignore[return-value]
         total = summed([larr for lbl, larr in self._by_target.get(target, [])
                         if matches(lbl, want)])
-        if total is None or int((~np.isnan(total)).sum()) < self.cache.spec.min_points:
-            return None
-        return float(np.median(total[~np.isnan(total)]))
+        out = None
+        if total is not None and int((~np.isnan(total)).sum()) >= min_points:
+            out = fast_median(total[~np.isnan(total)])
+        self._memo[memo_key] = out
+        return out
 
 
 @dataclass(frozen=True)

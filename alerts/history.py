@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 import numpy.typing as npt
 
-from tritonwatch.schemas.samples import Labels, make_labels
+from tritonwatch.alerts.grouping import by_labels
+from tritonwatch.schemas.samples import Labels
 from tritonwatch.store import Query
 from tritonwatch.store.values import SeriesColumns
 
@@ -60,7 +61,7 @@ def ceil_to(t: float, q: float) -> float:
 
 def group_grid(
     data: SeriesColumns,
-    by: Sequence[str],
+    by: tuple[str, ...],
     *,
     lo: float,
     n: int,
@@ -83,9 +84,7 @@ def group_grid(
     row_of = np.full(len(data.keys), -1, np.int64)
     for i in np.flatnonzero(has).tolist():
         key = data.keys[i]
-        lbl = dict(key.labels)
-        row_of[i] = rows.setdefault(
-            (key.target, make_labels({k: lbl[k] for k in by if k in lbl})), len(rows))
+        row_of[i] = rows.setdefault((key.target, by_labels(key.labels, by)), len(rows))
     if not rows:
         return [], np.empty((0, n))
     at = (idx + np.repeat(row_of, np.diff(data.bounds)) * n)[keep]
@@ -253,6 +252,10 @@ class RecentBuckets:
         self.history = BucketHistory(name, step=step, by=by, how=how, match=match)
         # The last read: several rules sharing this window at one ``now`` read it once.
         self._last: tuple[object, float, float, tuple[F64, dict[GroupKey, F64]]] | None = None
+        #: What the rules sharing the last read computed from it (``alerts.detect``'s load
+        #: medians per instance), emptied when another read replaces it: bounded by one
+        #: entry per instance of one read.
+        self.memo: dict[object, object] = {}
 
     def read(self, store: Store, start: float, now: float) -> tuple[F64, dict[GroupKey, F64]]:
         """Bucket starts and, per group, the bucket values (NaN: none) of the window; the
@@ -278,4 +281,5 @@ class RecentBuckets:
         keys, grid = drop_empty(keys, grid[:, keep])
         out = stamps[keep], dict(zip(keys, grid, strict=True))
         self._last = (store, start, now, out)
+        self.memo = {}
         return out

@@ -37,6 +37,22 @@ class Comparison(NamedTuple):
 Values = Sequence[float] | npt.NDArray[np.float64]
 
 
+def fast_median(values: npt.NDArray[np.float64]) -> float:
+    """``float(np.median(values))`` for a short array without NaN (an instance's recent
+    buckets), bit for bit, in a fifth of the time: ``np.median`` partitions, then takes the
+    mean of the middle one or two values, ``(a + b) / 2`` for two; so does this, after a sort.
+    Falls back to ``np.median`` for empty arrays, long ones and any NaN."""
+    n = len(values)
+    if n == 0 or n > 64:
+        return float(np.median(values))
+    s = np.sort(values)
+    if math.isnan(s[-1]):  # NaN sorts last
+        return float(np.median(values))
+    h = n // 2
+    return float(s[h]) if n % 2 else float((s[h - 1] + s[h]) / 2.0)
+
+
+
 def robust_z(recent: Values, baseline: Values) -> float:
     """Robust z of the recent median against the baseline (median, MAD); signed."""
     r = np.asarray(recent, dtype=float)
@@ -274,6 +290,40 @@ def judge(
     firing instance whose onset model cannot judge this load (whether it still fires is
     decided against the regression's own model: ``alerts/detect.py``'s
     :class:`RegressionRule`)."""
+    found = _effect(model, recent, load_now, spec, held=held)
+    return None if found is None else _comparison(model, recent, spec, found)
+
+
+def regression_verdict(
+    model: LoadModel, recent: npt.NDArray[np.float64], load_now: float | None,
+    spec: RegressionSpec,
+) -> tuple[bool, Comparison | None]:
+    """``(judged, comparison)``: whether ``judge(model, recent, load_now, spec)`` is not
+    None, and that comparison where ``is_regression`` holds for it (None where it does not).
+
+    The same verdicts as ``judge`` then ``is_regression``, for a fraction of the cost: most
+    instances of a fleet show no effect, and an effect short of ``min_effect`` (compared as
+    ``is_regression`` compares it) decides without the residuals' MAD and Mann-Whitney
+    (which were two thirds of an evaluation's regression CPU at 300 targets)."""
+    found = _effect(model, recent, load_now, spec, held=False)
+    if found is None:
+        return False, None
+    sign = 1.0 if spec.direction == "up" else -1.0
+    if not sign * math.expm1(found[2]) >= spec.min_effect * 1.0:  # is_regression's test
+        return True, None
+    c = _comparison(model, recent, spec, found)
+    return True, (c if is_regression(c, spec) else None)
+
+
+#: What :func:`_effect` found: the recent buckets in log space, the log load now, the effect
+#: (median residual of the least favourable slope) and that slope's index.
+_Effect = tuple[npt.NDArray[np.float64], float, float, int]
+
+
+def _effect(
+    model: LoadModel, recent: npt.NDArray[np.float64], load_now: float | None,
+    spec: RegressionSpec, *, held: bool,
+) -> _Effect | None:
     if model.has_load != (load_now is not None):
         return None
     ly = _log(recent, model.floor)
@@ -291,15 +341,22 @@ def judge(
         return None
     sign = 1.0 if spec.direction == "up" else -1.0
     best: tuple[float, int] | None = None
+    median_ly = fast_median(ly)  # the same for every slope: computed once
     for k, b in enumerate(model.slopes):
         if not math.isfinite(b) or (held and k != 1):
             continue
-        effect = float(np.median(ly)) - (model.intercepts[k] + b * lx_now)
+        effect = median_ly - (model.intercepts[k] + b * lx_now)
         if best is None or sign * effect < sign * best[0]:
             best = (effect, k)
     if best is None:
         return None
-    effect, k = best
+    return ly, lx_now, best[0], best[1]
+
+
+def _comparison(
+    model: LoadModel, recent: npt.NDArray[np.float64], spec: RegressionSpec, found: _Effect,
+) -> Comparison:
+    ly, lx_now, effect, k = found
     b, a, base_r = model.slopes[k], model.intercepts[k], model.residuals[k]
     expected = math.exp(a + b * lx_now)
     r = ly - (a + b * lx_now)
