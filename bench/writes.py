@@ -44,7 +44,8 @@ def run(targets: int, hours: float) -> None:
         cpu[step] += time.process_time() - c0
 
     with tempfile.TemporaryDirectory() as tmp:
-        store = open_store(f"sqlite:///{tmp}/writes.db")
+        # Flushed only where the loop says (a smaller batch would flush inside the writes).
+        store = open_store(f"sqlite:///{tmp}/writes.db", batch_rows=1 << 30)
         store.migrations.apply()
         engine = raw_engine(store)
         try:
