@@ -5,10 +5,11 @@ chunk per series per flush is a chunk per *sample*, and each lands at its own pl
 ``(series_id, start_ms, seq)`` B-tree: SQLite rewrote about 1 KB of pages per 16-byte sample
 (measured at 1,000 targets: 39 MB/s written for 37.7k samples/s) and PostgreSQL's index had the
 same pattern.  So a flush writes instead one row per target, holding that flush's chunks of the
-target's series packed together, appended in write order; :func:`transpose` later moves a few
-minutes of log into ``sample_chunks`` at once, one chunk per series and window.  Rows are per
-target *and metric name*: a reader (an alert rule, a dashboard panel) asks for a few names, and
-decodes only their rows.
+target's series packed together, appended in write order (the key leads with ``seq``); each
+hour of the log, 5 minutes after it ends, :func:`transpose` moves into ``sample_chunks`` at
+once, compressed, one chunk per series and hour.  Rows are per target, metric name and hour: a
+reader (an alert rule, a dashboard panel) asks for a few names, and decodes only their rows;
+it finds the flushes overlapping its window in ``sample_log_flushes``.
 
 Row format.  ``data`` is little-endian int64 words: ``k`` (chunks), then the ``k`` series ids,
 then the ``k`` sample counts, then the chunks' data one after the other, each in the
@@ -19,14 +20,15 @@ then the ``k`` sample counts, then the chunks' data one after the other, each in
 ``name`` the name of all of its series.
 
 The last-write rule still holds.  A log row carries its flush's ``seq``, so readers simply treat
-its chunks as chunks (:func:`read`).  :func:`transpose` moves *every* log row of a target at
-once, under the rollup lock held exclusively, which a flush holds in shared mode from taking
-its ``seq`` to committing (SQLite serialises writers anyway): so the rows it moves are all the
-rows of those targets' series whose ``seq`` has been taken, any row written later has a higher
-``seq``, and chunks already stored have lower ones.  The moved samples are merged by the
-last-write rule and stored with the highest ``seq`` moved, which therefore orders them exactly
-as the rows they replace were ordered against every other chunk and row of their series (a
-series belongs to one target).
+its chunks as chunks (:func:`read`).  :func:`transpose` moves *every* log row of a target
+that ends before its cut (whole hours) at once, under the rollup lock held exclusively, which
+a flush holds in shared mode from taking its ``seq`` to committing (SQLite serialises writers
+anyway): so the rows it moves are all the rows of those targets' series and hours whose
+``seq`` has been taken, any row written later has a higher ``seq``, chunks already stored have
+lower ones, and the rows it leaves hold later hours only (no (series, ts) of a moved sample).
+The moved samples are merged by the last-write rule and stored with the highest ``seq`` moved,
+which therefore orders them exactly as the rows they replace were ordered against every other
+chunk and row of their series (a series belongs to one target).
 """
 
 from __future__ import annotations
