@@ -192,13 +192,39 @@ def delete_empty_series(engine: Engine, *, resolved_before_ms: int) -> int:
         ~exists().where(table.c.series_id == s.c.id)
         for table in (t.sample_chunks, t.rollup_chunks_5m, t.rollup_chunks_1h)
     ]
-    # One scan of the log, not a search per series: its key leads with ``seq``.
-    logged = t.sample_log.c
-    empty.append(tuple_(s.c.target, s.c.name).not_in(
-        select(logged.target, logged.name).distinct()))
     with transaction(engine, write=True) as conn:
-        result = conn.execute(delete(s).where(s.c.resolved_at < resolved_before_ms, *empty))
-    return max(result.rowcount, 0)
+        found = conn.execute(
+            select(s.c.id, s.c.target, s.c.name).where(s.c.resolved_at < resolved_before_ms,
+                                                       *empty)
+        ).all()
+        if not found:
+            return 0
+        # The log's rows name their series by target and name (which series is inside the
+        # data); the log is keyed by flush first, so it is searched per flush for these only,
+        # not scanned.
+        c, f = t.sample_log.c, t.sample_log_flushes.c
+        owners = sorted({(r.target, r.name) for r in found})
+        logged: set[tuple[str, str]] = set()
+        for i in range(0, len(owners), _OWNERS_PER_QUERY):
+            logged.update(tuple(r) for r in conn.execute(
+                select(c.target, c.name).distinct().where(
+                    c.seq.in_(select(f.seq)),
+                    tuple_(c.target, c.name).in_(owners[i : i + _OWNERS_PER_QUERY]),
+                )
+            ))
+        gone = [r.id for r in found if (r.target, r.name) not in logged]
+        deleted = 0
+        for i in range(0, len(gone), _OWNERS_PER_QUERY):
+            result = conn.execute(delete(s).where(
+                s.c.id.in_(gone[i : i + _OWNERS_PER_QUERY]),
+                s.c.resolved_at < resolved_before_ms,
+            ))
+            deleted += max(result.rowcount, 0)
+    return deleted
+
+
+#: (target, name) pairs or series ids bound per statement (SQLite's limit is 32,766).
+_OWNERS_PER_QUERY = 1000
 
 
 def apply_retention(

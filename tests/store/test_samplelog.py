@@ -223,6 +223,33 @@ def test_series_of_a_target_with_log_rows_are_not_deleted_as_empty(store: Store)
     assert retention.delete_empty_series(raw_engine(store), resolved_before_ms=2**62) == 0
 
 
+def test_only_empty_series_outside_the_log_are_deleted(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tritonwatch.store import retention
+
+    monkeypatch.setattr(retention, "_OWNERS_PER_QUERY", 2)  # several statements
+    for target in ("a", "b", "c"):
+        store.write(target, T, [Sample(name, make_labels({"i": str(i)}), 1.0)
+                                for name in ("x", "y") for i in range(2)])
+    store.flush()
+    _move(store)  # every series now holds a chunk
+    with transaction(raw_engine(store), write=True) as conn:
+        ids = {(r.target, r.name, r.labels): r.id for r in conn.execute(select(t.series))}
+        # Empty a's and b's series of x; b's x gets a new sample in the log; c's y empty too.
+        emptied = [i for (tg, n, _), i in ids.items() if (tg, n) in {("a", "x"), ("b", "x"),
+                                                                      ("c", "y")}]
+        conn.execute(t.sample_chunks.delete().where(t.sample_chunks.c.series_id.in_(emptied)))
+    store.write("b", T + 15, [Sample("x", make_labels({"i": "0"}), 2.0)])
+    store.flush()
+    engine = raw_engine(store)
+    assert retention.delete_empty_series(engine, resolved_before_ms=0) == 0  # all resolved since
+    # a's x (2 series) and c's y (2) go; b's x stays: the log holds one of its series' samples.
+    assert retention.delete_empty_series(engine, resolved_before_ms=2**62) == 4
+    left = {(k.target, k.name) for k in store.series()}
+    assert left == {("a", "y"), ("b", "x"), ("b", "y"), ("c", "x")}
+
+
 def test_rollups_include_samples_still_in_the_log(store: Store) -> None:
     for k in range(40):
         store.write("t", T + k * 15, [Sample("x", (), 1.0)])
