@@ -111,10 +111,14 @@ class Maintenance:
                 raise QueryError(f"retention `{setting}` must be positive, got {value!r}")
         now_ms = round(now * 1000)
         with self._db("apply retention"):
-            # The log's samples past raw retention are moved first, and so cut like the rest
-            # (maintenance only moves whole hours an hour or so old; a late flush may be older).
-            samplelog.transpose(self._engine, gate=self._gate,
-                                before_ms=now_ms - round(raw_s * 1000), stop=self._stopping.is_set)
+            # The log's hours reaching past raw retention are moved first, and so cut like the
+            # rest (maintenance moves hours once they are 5 minutes old; a late flush may be
+            # older).
+            samplelog.transpose(
+                self._engine, gate=self._gate,
+                before_ms=samplelog.hours_through(now_ms - round(raw_s * 1000)),
+                stop=self._stopping.is_set,
+            )
             try:
                 deleted = retention.apply_retention(
                     self._engine,

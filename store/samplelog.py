@@ -419,13 +419,19 @@ def move_before(now_ms: int) -> int:
     return window_start(now_ms - MOVE_AFTER_MS)
 
 
+def hours_through(ms: int) -> int:
+    """The end of the hour holding ``ms``: where retention, whose raw cutoff is ``ms``, cuts
+    the log (whole hours, as maintenance: the rows it leaves then hold later hours only)."""
+    return window_start(ms) + WINDOW_MS
+
+
 def transpose(
     engine: Engine, *, gate: AbstractContextManager[Any], before_ms: int | None = None,
     stop: Callable[[], bool] = lambda: False,
 ) -> int:
     """Move the log's rows that end before ``before_ms`` (maintenance: :func:`move_before`;
-    retention: its raw cutoff; without it: every row) into ``sample_chunks``, compressed,
-    whole targets at a time; returns samples moved.
+    retention: :func:`hours_through` its raw cutoff; without it: every row) into
+    ``sample_chunks``, compressed, whole targets at a time; returns samples moved.
 
     What moves is every row of those hours: a flush writes a row per hour it has samples of
     (:func:`log_rows`), so every sample of a (series, ts) moves at once and the last-write

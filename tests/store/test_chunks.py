@@ -349,7 +349,7 @@ def test_chunk_store_answers_like_a_reference_model(store_url: str, ops, final_c
                 writers[0].maintenance.apply_retention(
                     T + op[1] + 86400, raw_s=86400, rollup_5m_s=1e8, rollup_1h_s=1e8
                 )
-                model.move((T + op[1]) * 1000)
+                model.move(samplelog.hours_through((T + op[1]) * 1000))
                 model.retain(cutoff)
                 retained = True
             else:
