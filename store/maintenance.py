@@ -49,6 +49,7 @@ from sqlalchemy import (
 
 from tritonwatch.schemas import tables as t
 from tritonwatch.store import rollup_chunks as rc
+from tritonwatch.store import samplelog
 from tritonwatch.store.chunks import (
     I64_MAX,
     I64_MIN,
@@ -72,7 +73,13 @@ from tritonwatch.store.query import (
     raw_samples,
     read_rollups,
 )
-from tritonwatch.store.write import PG_LOCK_ROLLUP, dialect_insert, insert_chunks, next_seq
+from tritonwatch.store.write import (
+    PG_LOCK_ROLLUP,
+    get_meta,
+    insert_chunks,
+    next_seq,
+    set_meta,
+)
 
 log = logging.getLogger(__name__)
 
@@ -83,11 +90,28 @@ WATERMARK_1H = "rollup_1h_watermark_ms"
 HORIZON_RAW = "raw_horizon_ms"
 #: Likewise for 5 m rows (1 h aligned) and the 1 h buckets built from them.
 HORIZON_5M = "rollup_5m_horizon_ms"
+#: Per watermark, the end of the rollup step in progress, lowered by late flushes (``_roll``).
+ROLLING = {WATERMARK_5M: "rollup_5m_rolling_ms", WATERMARK_1H: "rollup_1h_rolling_ms"}
 
 #: A 5 m bucket is rolled up only once it ended this long ago, so samples of a scrape still in
 #: a writer's buffer (flushed every few seconds) usually land before their bucket is
 #: summarised.  Samples arriving later move the watermark back (:func:`rewind_watermarks`).
 ROLLUP_GRACE_MS = 120_000
+
+#: 5 m buckets are rolled up a whole hour at a time, once the hour's log has been moved into
+#: chunks (``samplelog.MOVE_AFTER_MS`` after it ends): each run wrote a row per series into
+#: the rollup chunks' B-tree, keyed by series, and so rewrote nearly every page of it every
+#: 5 minutes (73 of the 233 bytes written per sample ingested, at 100 targets).  Readers lose
+#: nothing: a query reads raw samples above the watermark (``query.plan_sources``), and the
+#: hour then comes from one compressed chunk per series rather than from the log's rows.
+ROLLUP_5M_EVERY_MS = ROLLUP_1H_MS
+
+
+def rollup_5m_until(now_ms: int) -> int:
+    """Where a rollup at ``now_ms`` ends its 5 m buckets: the start of the last hour whose log
+    has been moved (and at least :data:`ROLLUP_GRACE_MS` old)."""
+    return _floor(min(now_ms - ROLLUP_GRACE_MS, now_ms - samplelog.MOVE_AFTER_MS),
+                  ROLLUP_5M_EVERY_MS)
 
 # Time span summarised per transaction.
 _CHUNK_5M_MS = 6 * ROLLUP_1H_MS
@@ -125,15 +149,6 @@ def never() -> bool:
 class Stopped(Exception):
     """A run ended early because ``stop`` answered True (raised inside a batch's transaction,
     it rolls that batch back)."""
-
-
-def get_meta(conn: Connection, key: str) -> str | None:
-    return conn.execute(select(t.meta.c.value).where(t.meta.c.key == key)).scalar_one_or_none()
-
-
-def set_meta(conn: Connection, key: str, value: str) -> None:
-    stmt = dialect_insert(conn, t.meta).values(key=key, value=value)
-    conn.execute(stmt.on_conflict_do_update(index_elements=[t.meta.c.key], set_={"value": value}))
 
 
 def watermarks(conn: Connection) -> dict[int, int]:
@@ -190,7 +205,8 @@ def rewind_watermarks(conn: Connection, oldest_ms: int) -> int | None:
     flush's BEGIN IMMEDIATE already serialises it with the rollup.
     """
     advisory_lock(conn, _PG_LOCK_ROLLUP, shared=True)
-    marks = _int_metas(conn, WATERMARK_5M, COMPACT_WATERMARK)
+    marks = _int_metas(conn, WATERMARK_5M, COMPACT_WATERMARK, HORIZON_RAW, *ROLLING.values())
+    _lower_rolling(conn, marks, oldest_ms)
     compacted = marks.get(COMPACT_WATERMARK)
     if compacted is not None and oldest_ms < compacted:
         # Into a window compaction has done (or is doing): it must do that window again.
@@ -216,6 +232,19 @@ def rewind_watermarks(conn: Connection, oldest_ms: int) -> int | None:
     return target
 
 
+def _lower_rolling(conn: Connection, marks: dict[str, int], oldest_ms: int) -> None:
+    # A rollup step in progress (``_roll``) may have done some series' buckets at and after
+    # ``oldest_ms`` already: it must end its watermark at the first of them.
+    lowered = {
+        WATERMARK_5M: max(_floor(oldest_ms, ROLLUP_5M_MS), marks.get(HORIZON_RAW, 0)),
+        WATERMARK_1H: _floor(oldest_ms, ROLLUP_1H_MS),
+    }
+    for key, rolling in ROLLING.items():
+        end = marks.get(rolling)
+        if end is not None and oldest_ms < end and lowered[key] < end:
+            set_meta(conn, rolling, str(lowered[key]))
+
+
 def series_ids(conn: Connection) -> npt.NDArray[np.int64]:
     # An array, not a list: at 1,000 targets it is 566k ids, and as Python ints spread over
     # the heap (20 MB) they left it fragmented after every maintenance run.
@@ -223,59 +252,32 @@ def series_ids(conn: Connection) -> npt.NDArray[np.int64]:
     return np.fromiter(ids, np.int64)
 
 
-def _rollup_raw(
-    conn: Connection, dst: Table, *, lo: int, hi: int, res: int, stop: Stop = never
-) -> int:
-    # Rollup rows from raw samples: decoded and aggregated in numpy, a batch of series at a
-    # time (index range scans of the chunks, bounded memory).  One step covers every series,
-    # thousands of batches in a large store: ``stop`` is asked between them, and rolls the
-    # step back (its watermark with it) when it answers True.
-    written = 0
-    ids = series_ids(conn)
-    seq: int | None = None
-    for i in range(0, len(ids), ID_BATCH):
-        if stop():
-            raise Stopped
-        batch = ids[i : i + ID_BATCH].tolist()
-        a = aggregate(raw_samples(conn, batch, lo_ms=lo, hi_ms=hi - 1), res)
-        rows = rc.Rows(a.ids, a.buckets, a.min, a.max, a.sum, a.n, a.last)
-        if seq is None and len(rows):
-            seq = next_seq(conn)
-        written += _insert_rollups(conn, dst, rows, res, seq)
-    return written
+def _rollup_raw(conn: Connection, dst: Table, batch: list[int], *, lo: int, hi: int,
+                res: int) -> int:
+    # Rollup rows of a batch of series from raw samples, decoded and aggregated in numpy.
+    a = aggregate(raw_samples(conn, batch, lo_ms=lo, hi_ms=hi - 1), res)
+    rows = rc.Rows(a.ids, a.buckets, a.min, a.max, a.sum, a.n, a.last)
+    return _insert_rollups(conn, dst, rows, res)
 
 
-def _rollup_rollups(
-    conn: Connection, src: Table, dst: Table, *, lo: int, hi: int, res: int, src_res: int,
-    stop: Stop = never,
-) -> int:
-    # Rollup rows from finer rollup rows (1 h from 5 m), merged and aggregated in numpy.
-    written = 0
-    ids = series_ids(conn)
-    seq: int | None = None
-    for i in range(0, len(ids), ID_BATCH):
-        if stop():
-            raise Stopped
-        batch = ids[i : i + ID_BATCH].tolist()
-        rows = rc.aggregate(read_rollups(conn, src, batch, lo_ms=lo, hi_ms=hi - 1,
-                                         res=src_res), res)
-        if seq is None and len(rows):
-            seq = next_seq(conn)
-        written += _insert_rollups(conn, dst, rows, res, seq)
-    return written
+def _rollup_rollups(conn: Connection, src: Table, dst: Table, batch: list[int], *, lo: int,
+                    hi: int, res: int, src_res: int) -> int:
+    # Rollup rows of a batch of series from finer rollup rows (1 h from 5 m).
+    rows = rc.aggregate(read_rollups(conn, src, batch, lo_ms=lo, hi_ms=hi - 1, res=src_res),
+                        res)
+    return _insert_rollups(conn, dst, rows, res)
 
 
-def _insert_rollups(conn: Connection, dst: Table, rows: rc.Rows, res: int,
-                    seq: int | None) -> int:
+def _insert_rollups(conn: Connection, dst: Table, rows: rc.Rows, res: int) -> int:
     # A bucket whose sum is NaN (+Inf and -Inf in it, or a NaN sample) is kept as the raw
     # samples give it: chunks store NaN bit for bit.  Left out (as when a row per bucket could
     # not store NaN on SQLite), its rollup read had no point where the raw read had one.
-    if not len(rows) or seq is None:
+    if not len(rows):
         return 0
     # Written raw: a run's chunk of a series is a bucket or a few, which pcodec would encode
     # at some 30 us a column and not make smaller (six columns per series every run: a third
     # of a core at 1,000 targets); compaction compresses them, an hour's worth at a time.
-    insert_chunks(conn, rc.encode(rows, res), seq, table=dst.name)
+    insert_chunks(conn, rc.encode(rows, res), next_seq(conn), table=dst.name)
     return len(rows)
 
 
@@ -283,9 +285,21 @@ def _roll(
     engine: Engine, *, src: Table, dst: Table, res: int, key: str, horizon_key: str,
     hi: Callable[[Connection], int | None], chunk: int, gate: Gate, stop: Stop,
 ) -> int:
+    """Summarise ``src`` into ``dst`` up to ``hi``, a step of at most ``chunk`` at a time.
+
+    A step opens by recording its end under ``ROLLING[key]``, rolls up the series a batch
+    per transaction (so no transaction holds the write lock for the whole store: an hour of
+    1,000 targets is 136 M samples), and closes by moving the watermark to what ``ROLLING``
+    then says.  A flush committing samples below it meanwhile (a late one; it may have
+    missed series already done) lowers it to its bucket (:func:`rewind_watermarks`), so the
+    watermark stops there and the next step rolls from there again (the last write of a
+    bucket wins).  Stopped or crashed mid-step, the watermark has not moved: the step is
+    done again.
+    """
     written = 0
     raw = src is t.sample_chunks
     oldest = src.c.start_ms
+    rolling = ROLLING[key]
     while True:
         if stop():
             raise Stopped
@@ -314,12 +328,32 @@ def _roll(
             if lo >= top:
                 return written
             step_hi = min(top, lo + chunk)
-            if raw:
-                written += _rollup_raw(conn, dst, lo=lo, hi=step_hi, res=res, stop=stop)
-            else:
-                written += _rollup_rollups(conn, src, dst, lo=lo, hi=step_hi, res=res,
-                                           src_res=ROLLUP_5M_MS, stop=stop)
-            set_meta(conn, key, str(step_hi))
+            # A step another process has open (or one stopped mid-way) may have been lowered
+            # by a late flush: that stands.
+            opened = int_meta(conn, rolling)
+            set_meta(conn, rolling, str(step_hi if opened is None else min(opened, step_hi)))
+            ids = series_ids(conn)
+        for i in range(0, len(ids), ID_BATCH):
+            if stop():
+                raise Stopped
+            batch = ids[i : i + ID_BATCH].tolist()
+            with gate, transaction(engine, write=True) as conn:
+                advisory_lock(conn, _PG_LOCK_ROLLUP)
+                if raw:
+                    written += _rollup_raw(conn, dst, batch, lo=lo, hi=step_hi, res=res)
+                else:
+                    written += _rollup_rollups(conn, src, dst, batch, lo=lo, hi=step_hi,
+                                               res=res, src_res=ROLLUP_5M_MS)
+        with gate, transaction(engine, write=True) as conn:
+            advisory_lock(conn, _PG_LOCK_ROLLUP)
+            done = int_meta(conn, rolling)
+            # Gone only if another process closed this step meanwhile (it rolled the same
+            # buckets): the watermark it set stands.
+            if done is not None:
+                set_meta(conn, key, str(done))
+                conn.execute(delete(t.meta).where(t.meta.c.key == rolling))
+            if done is None or done < step_hi:
+                return written
 
 
 def rollup(
@@ -332,7 +366,7 @@ def rollup(
     takes the write lock again and again.  Raises :class:`Stopped` when ``stop`` ends it.
     """
     gate = gate or nullcontext()
-    hi_5m = _floor(now_ms - ROLLUP_GRACE_MS, ROLLUP_5M_MS)
+    hi_5m = rollup_5m_until(now_ms)
 
     def hi_1h(conn: Connection) -> int | None:
         # An hour is complete once all twelve of its 5 m buckets are.  Read in the rolling

@@ -47,9 +47,9 @@ from tritonwatch.store import rollup_chunks as rc
 from tritonwatch.store.chunks import MAX_SAMPLES, encode, window_start
 from tritonwatch.store.engine import transaction
 from tritonwatch.store.errors import StoreError, db_errors
-from tritonwatch.store.maintenance import COMPACT_REWIND, advisory_lock, get_meta, set_meta
+from tritonwatch.store.maintenance import COMPACT_REWIND, advisory_lock
 from tritonwatch.store.query import ROLLUP_1H_MS, ROLLUP_5M_MS
-from tritonwatch.store.write import insert_chunks
+from tritonwatch.store.write import get_meta, insert_chunks, set_meta
 
 log = logging.getLogger(__name__)
 

@@ -29,11 +29,10 @@ from tritonwatch.store.maintenance import (
     int_meta,
     never,
     series_ids,
-    set_meta,
     watermarks,
 )
 from tritonwatch.store.query import ROLLUP_1H_MS, ROLLUP_5M_MS, merge_rows
-from tritonwatch.store.write import PG_LOCK_ROLLUP, insert_chunks
+from tritonwatch.store.write import PG_LOCK_ROLLUP, insert_chunks, set_meta
 
 log = logging.getLogger(__name__)
 

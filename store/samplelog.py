@@ -20,12 +20,15 @@ then the ``k`` sample counts, then the chunks' data one after the other, each in
 ``name`` the name of all of its series.
 
 The last-write rule still holds.  A log row carries its flush's ``seq``, so readers simply treat
-its chunks as chunks (:func:`read`).  :func:`transpose` moves *every* log row of a target
-that ends before its cut (whole hours) at once, under the rollup lock held exclusively, which
-a flush holds in shared mode from taking its ``seq`` to committing (SQLite serialises writers
-anyway): so the rows it moves are all the rows of those targets' series and hours whose
-``seq`` has been taken, any row written later has a higher ``seq``, chunks already stored have
-lower ones, and the rows it leaves hold later hours only (no (series, ts) of a moved sample).
+its chunks as chunks (:func:`read`).  :func:`transpose` moves *every* log row that ends before
+its cut (whole hours) of the flushes it listed under the rollup lock held exclusively, which a
+flush holds in shared mode from taking its ``seq`` to committing (SQLite serialises writers
+anyway): so the rows it moves are all the rows of those series and hours whose ``seq`` had
+been taken, any row written later has a higher ``seq``, chunks already stored have lower
+ones, and the rows it leaves hold later hours only (no (series, ts) of a moved sample).  It
+writes the chunks a group of targets per transaction and deletes the moved rows last, all at
+once (on SQLite by keeping a copy of the rest: deleting rows rewrites their pages, dropping a
+table does not); meanwhile a reader finds those samples in both places and keeps one.
 The moved samples are merged by the last-write rule and stored with the highest ``seq`` moved,
 which therefore orders them exactly as the rows they replace were ordered against every other
 chunk and row of their series (a series belongs to one target).
@@ -44,7 +47,18 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from sqlalchemy import Connection, Engine, delete, func, select, tuple_
+from sqlalchemy import (
+    Connection,
+    Engine,
+    MetaData,
+    and_,
+    delete,
+    func,
+    or_,
+    select,
+    tuple_,
+)
+from sqlalchemy.schema import DropTable
 
 from tritonwatch.schemas import tables as t
 from tritonwatch.store.chunks import (
@@ -63,7 +77,9 @@ from tritonwatch.store.write import (
     PG_COPY_TRAILER,
     PG_LOCK_ROLLUP,
     SampleColumns,
+    get_meta,
     insert_chunks,
+    set_meta,
 )
 
 log = logging.getLogger(__name__)
@@ -435,21 +451,43 @@ def transpose(
 
     What moves is every row of those hours: a flush writes a row per hour it has samples of
     (:func:`log_rows`), so every sample of a (series, ts) moves at once and the last-write
-    rule orders the moved chunks as it ordered their rows (the module docstring).  Each
-    transaction takes up to :data:`TRANSPOSE_SAMPLES` samples' worth of targets (one larger
-    target goes alone).  Flushes appended meanwhile stay for the next run, and so do the groups
-    not reached when ``stop`` (asked between transactions) answers True.
+    rule orders the moved chunks as it ordered their rows (the module docstring).  The flushes
+    are listed once, under the rollup lock (every flush that has taken its ``seq`` has
+    committed); then each transaction writes the chunks of up to :data:`TRANSPOSE_SAMPLES`
+    samples' worth of targets (one larger target goes alone), and a last one deletes all the
+    rows moved at once.
+
+    Why the rows are deleted last.  Deleted with their group, a target's rows were a few
+    scattered in every flush of the hour, so each group's transaction rewrote nearly every
+    page of the hour's log (96 of the 233 bytes written per sample ingested, at 100
+    targets); deleted all at once, the log's pages are emptied in key order and freed, and
+    a freed page is not written.  Until then a reader finds those samples twice, in the
+    chunks and in the log, and keeps one (the chunk's ``seq`` is the highest of its rows':
+    the last-write rule).  A run that ends early deletes the rows of the groups it finished;
+    one that crashed leaves :data:`MOVE_PENDING` set, and the next run, which moves those
+    rows again, replaces the chunks it had written.  Flushes appended meanwhile stay for
+    the next run, and so do the groups not reached when ``stop`` (asked between
+    transactions) answers True.
     """
-    c = t.sample_log.c
+    c, f = t.sample_log.c, t.sample_log_flushes.c
     cutoff = I64_MAX if before_ms is None else before_ms
-    with transaction(engine, write=False) as conn:
-        seqs = flushes(conn, before_ms=cutoff)
+    with gate, transaction(engine, write=True) as conn:
+        _lock(conn)
+        top = conn.execute(select(func.max(f.seq)).where(f.start_ms < cutoff)).scalar()
+        if top is None:
+            return 0
+        # A run that crashed between writing chunks and deleting their rows left this set.
+        redo = get_meta(conn, MOVE_PENDING) is not None
+        set_meta(conn, MOVE_PENDING, str(cutoff))
+    # The flushes listed now: every one committed, and immutable but for moves (flushes
+    # appended later take higher seqs).  A subquery, so that each statement below compiles
+    # once, whatever the number of flushes.
+    seqs = select(f.seq).where(f.start_ms < cutoff, f.seq <= top).scalar_subquery()
+    with transaction(engine, write=False) as conn:  # a scan of the hour: not under the lock
         sizes = conn.execute(
             select(c.target, func.sum(c.n)).where(c.seq.in_(seqs), c.end_ms < cutoff)
             .group_by(c.target).order_by(c.target)
-        ).all() if seqs else []
-    if not sizes:
-        return 0
+        ).all()
     groups: list[list[str]] = [[]]
     size = 0
     for target, n in sizes:
@@ -459,6 +497,7 @@ def transpose(
         groups[-1].append(target)
         size += int(n)
     moved = 0
+    done: list[str] = []
     for group in groups:
         if stop():
             break
@@ -467,19 +506,60 @@ def transpose(
         try:
             with gate, transaction(engine, write=True) as conn:
                 _lock(conn)
-                moved += _move(conn, cutoff, group)
+                moved += _move(conn, seqs, cutoff, group, redo=redo)
         except ValueError:
             # A damaged row (a damaged database, or another program's write) can be read by
             # no one: it is dropped, loudly, so that it stops failing every read and every
             # maintenance run of its series; the group's other rows move on.
             with gate, transaction(engine, write=True) as conn:
                 _lock(conn)
-                _drop_damaged(conn, cutoff, group)
-                moved += _move(conn, cutoff, group)
+                _drop_damaged(conn, seqs, cutoff, group)
+                moved += _move(conn, seqs, cutoff, group, redo=redo)
+        done += group
     with gate, transaction(engine, write=True) as conn:
         _lock(conn)
+        if len(done) < len(sizes):  # stopped early: the groups done only
+            conn.execute(delete(t.sample_log).where(
+                c.seq.in_(seqs), c.end_ms < cutoff, c.target.in_(done)))
+        elif conn.dialect.name == "sqlite":
+            _keep_only_unmoved(conn, seqs, top, cutoff)
+        else:
+            conn.execute(delete(t.sample_log).where(c.seq.in_(seqs), c.end_ms < cutoff))
         _forget_flushes(conn, cutoff)
+        conn.execute(delete(t.meta).where(t.meta.c.key == MOVE_PENDING))
     return moved
+
+
+#: ``meta`` key set while a move has written chunks whose log rows it has not yet deleted
+#: (:func:`transpose`).
+MOVE_PENDING = "sample_log_move_pending"
+
+
+def _keep_only_unmoved(conn: Connection, seqs: Any, top: int, cutoff: int) -> None:
+    """SQLite: replace ``sample_log`` by a copy of the rows a move left, in its transaction.
+
+    Deleting rows writes every page they were on (the rest of the page, or its emptied
+    image): deleting a moved hour wrote it to the WAL and the database file once more,
+    about 50 bytes per sample ingested (``bench.writes``).  Dropping a table writes only
+    the freelist (with ``secure_delete`` FAST, ``store.engine``).  What is left is the flushes
+    appended since the listing (a move runs minutes after its hour ends: about a twelfth of
+    an hour's rows) and the later hours' rows of the flushes listed, found by key: the log
+    leads with ``seq``.
+    """
+    c, f = t.sample_log.c, t.sample_log_flushes.c
+    later = select(f.seq).where(or_(f.seq > top, f.start_ms >= cutoff, f.end_ms >= cutoff))
+    kept = select(*t.sample_log.c).where(
+        c.seq.in_(later.scalar_subquery()), ~and_(c.seq.in_(seqs), c.end_ms < cutoff)
+    )
+    copy = t.sample_log.to_metadata(MetaData(), name=_LOG_COPY)
+    conn.execute(DropTable(copy, if_exists=True))  # a leftover could only be an older crash's
+    copy.create(conn)
+    conn.execute(copy.insert().from_select(list(t.sample_log.c.keys()), kept))
+    conn.execute(DropTable(t.sample_log))
+    conn.exec_driver_sql(f"ALTER TABLE {_LOG_COPY} RENAME TO {t.sample_log.name}")
+
+
+_LOG_COPY = "sample_log_kept"
 
 
 def _forget_flushes(conn: Connection, cutoff: int) -> None:
@@ -491,10 +571,10 @@ def _forget_flushes(conn: Connection, cutoff: int) -> None:
     ))
 
 
-def _drop_damaged(conn: Connection, cutoff: int, targets: list[str]) -> None:
+def _drop_damaged(conn: Connection, seqs: Any, cutoff: int, targets: list[str]) -> None:
     c = t.sample_log.c
     rows = conn.execute(select(c.target, c.name, c.seq, c.start_ms, c.data).where(
-        c.seq.in_(flushes(conn, before_ms=cutoff)), c.target.in_(targets), c.end_ms < cutoff
+        c.seq.in_(seqs), c.target.in_(targets), c.end_ms < cutoff
     )).all()
     for target, name, seq, start_ms, data in rows:
         try:
@@ -515,15 +595,16 @@ def _lock(conn: Connection) -> None:
         conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({PG_LOCK_ROLLUP:d})")
 
 
-def _move(conn: Connection, cutoff: int, targets: list[str]) -> int:
-    # Every row of these targets that ends before ``cutoff`` (an hour), found through the
-    # flushes listed now, under the rollup lock: every flush that has taken its seq has
-    # committed (the module docstring).  The rows left hold later hours only: no sample of
-    # theirs shares a (series, ts) with a moved one, so their order against the moved chunks
-    # does not matter.
+def _move(conn: Connection, seqs: Any, cutoff: int, targets: list[str], *, redo: bool) -> int:
+    # Every row of these targets that ends before ``cutoff`` (an hour) in the flushes listed
+    # under the rollup lock (``seqs``: all committed then; the module docstring).  The rows
+    # left hold later hours only: no sample of theirs shares a (series, ts) with a moved one,
+    # so their order against the moved chunks does not matter.  The rows are deleted later,
+    # all groups at once (:func:`transpose`).
     c = t.sample_log.c
-    where = (c.seq.in_(flushes(conn, before_ms=cutoff)), c.target.in_(targets), c.end_ms < cutoff)
-    rows = conn.execute(select(c.seq, c.data).where(*where).order_by(c.seq)).all()
+    rows = conn.execute(select(c.seq, c.data).where(
+        c.seq.in_(seqs), c.target.in_(targets), c.end_ms < cutoff
+    ).order_by(c.seq)).all()
     if not rows:
         return 0
     sids, ts, values, row_seqs = _Rows(
@@ -532,8 +613,6 @@ def _move(conn: Connection, cutoff: int, targets: list[str]) -> int:
     # Rows in seq order, so of equal (series, ts) keys the stable sort keeps the last write
     # (``sort_keep_last``).
     merged = sort_keep_last(sids, ts, values)
-    # Only the rows read: a writer that did not wait for the lock must not lose a row here.
-    conn.execute(delete(t.sample_log).where(*where))
     # Compressed now: these are whole hours, which compaction would otherwise rewrite.
     chunks = compress(encode(merged.ids, merged.ts, merged.values, max_samples=MAX_SAMPLES))
     # Each series' chunks take the highest seq of that series' rows, not of the whole group:
@@ -543,5 +622,13 @@ def _move(conn: Connection, cutoff: int, targets: list[str]) -> int:
     starts, _ = run_bounds(sids[order])
     top_of = np.maximum.reduceat(row_seqs[order], starts) if len(starts) else row_seqs
     series = sids[order][starts]
-    insert_chunks(conn, chunks, top_of[np.searchsorted(series, chunks.ids)])
+    chunk_seqs = top_of[np.searchsorted(series, chunks.ids)]
+    if redo:  # the same rows, moved before by a run that crashed: the same keys
+        sc = t.sample_chunks.c
+        keys = list(zip(chunks.ids.tolist(), chunks.start_ms.tolist(), chunk_seqs.tolist(),
+                        strict=True))
+        for lo in range(0, len(keys), 500):
+            conn.execute(delete(t.sample_chunks).where(
+                tuple_(sc.series_id, sc.start_ms, sc.seq).in_(keys[lo : lo + 500])))
+    insert_chunks(conn, chunks, chunk_seqs)
     return len(sids)

@@ -41,6 +41,16 @@ def dialect_insert(conn: Connection, table: Table) -> Any:
     return sqlite.insert(table)
 
 
+def get_meta(conn: Connection, key: str) -> str | None:
+    """The value of ``key`` in ``meta`` (the store's own settings and watermarks), if set."""
+    return conn.execute(select(t.meta.c.value).where(t.meta.c.key == key)).scalar_one_or_none()
+
+
+def set_meta(conn: Connection, key: str, value: str) -> None:
+    stmt = dialect_insert(conn, t.meta).values(key=key, value=value)
+    conn.execute(stmt.on_conflict_do_update(index_elements=[t.meta.c.key], set_={"value": value}))
+
+
 def resolve_series(
     conn: Connection, keys: Iterable[SeriesKeyTuple], *, now_ms: int
 ) -> dict[SeriesKeyTuple, int]:

@@ -31,9 +31,8 @@ from tritonwatch.store import Query, Store, open_store
 from tritonwatch.store import chunks as ck
 from tritonwatch.store import rollup_chunks as rc
 from tritonwatch.store.engine import transaction
-from tritonwatch.store.maintenance import get_meta
 from tritonwatch.store.query import Agg, raw_samples, read_rollups
-from tritonwatch.store.write import insert_chunks
+from tritonwatch.store.write import get_meta, insert_chunks
 
 STALE = 0x7FF0000000000002  # Prometheus's staleness marker
 SPAN_S = ck.SPAN_MS // 1000

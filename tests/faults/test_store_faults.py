@@ -46,8 +46,8 @@ from tritonwatch.schemas import tables as t
 from tritonwatch.schemas.config import DEFAULT_STORE_URL, validate_config
 from tritonwatch.schemas.samples import Sample, make_labels
 from tritonwatch.store import Query, Store, StoreError, engine, maintenance, open_store
-from tritonwatch.store.maintenance import ROLLUP_GRACE_MS, WATERMARK_5M, get_meta
-from tritonwatch.store.query import ROLLUP_5M_MS
+from tritonwatch.store.maintenance import WATERMARK_5M, rollup_5m_until
+from tritonwatch.store.write import get_meta
 
 # The CLI through the interpreter running the tests: the checkout's code (PYTHONPATH), whether
 # or not a `tritonwatch` console script is installed beside it.
@@ -373,8 +373,8 @@ def _stop_after_rollup_writes(store: Store, monkeypatch: pytest.MonkeyPatch,
     seen = [0]
     real = maintenance._insert_rollups
 
-    def counting(conn: Any, dst: Any, rows: Any, res: int, seq: int | None) -> int:
-        written = real(conn, dst, rows, res, seq)
+    def counting(conn: Any, dst: Any, rows: Any, res: int) -> int:
+        written = real(conn, dst, rows, res)
         if dst is t.rollup_chunks_5m and written:
             seen[0] += 1
             if seen[0] == count:
@@ -411,8 +411,8 @@ def test_a_maintenance_run_over_a_large_store_stops_at_a_batch_boundary_and_resu
     store = open_store(store_url)
     try:
         store.maintenance.rollup(now)
-        # Done up to the last complete bucket (ROLLUP_GRACE_MS before `now`), past the data.
-        assert _watermark(store) == (now * 1000 - ROLLUP_GRACE_MS) // ROLLUP_5M_MS * ROLLUP_5M_MS
+        # Done up to the last complete hour whose log was moved (before `now`), past the data.
+        assert _watermark(store) == rollup_5m_until(round(now * 1000))
         for agg in ("sum", "count", "min", "max"):
             assert _rollups(store, agg) == _expected(agg), agg
         assert store.count_samples() == SERIES * HOURS * round(3600 / SPACING)

@@ -46,6 +46,7 @@ from tritonwatch.store import (
     migrate,
     open_store,
     samplelog,
+    write,
 )
 from tritonwatch.store import chunks as ck
 from tritonwatch.store.engine import transaction
@@ -53,8 +54,8 @@ from tritonwatch.store.maintenance import (
     _PG_LOCK_ROLLUP,
     COMPACT_REWIND,
     COMPACT_WATERMARK,
-    get_meta,
 )
+from tritonwatch.store.write import get_meta
 
 # An hour boundary three days ago (series record wall-clock resolve times; see test_contract).
 T = (int(time.time()) // 3600 - 72) * 3600
@@ -420,7 +421,7 @@ def test_a_version_1_database_is_upgraded_in_place(
         conn.execute(delete(t.sample_chunks))
         conn.execute(delete(t.sample_log))
         conn.execute(delete(t.meta))
-        maintenance.set_meta(conn, "schema_version", "1")
+        write.set_meta(conn, "schema_version", "1")
         _v1.create_all(conn)
         rows = [
             {"series_id": sid, "ts": (T + k * 15) * 1000 + (HOUR_MS if k >= 200 else 0),
@@ -463,7 +464,7 @@ def test_a_version_1_database_is_upgraded_in_place(
 
 def test_a_newer_schema_is_refused_naming_the_store(store: Store) -> None:
     with transaction(raw_engine(store), write=True) as conn:
-        maintenance.set_meta(conn, "schema_version", str(t.SCHEMA_VERSION + 1))
+        write.set_meta(conn, "schema_version", str(t.SCHEMA_VERSION + 1))
     with pytest.raises(StoreError, match="newer than this tritonwatch") as caught:
         store.migrations.apply()
     assert store.url_redacted in str(caught.value)
@@ -493,7 +494,7 @@ def test_retention_rewrites_a_chunk_that_straddles_the_cutoff(store: Store) -> N
         store.write("t", T + k * 15, [Sample("x", (), float(k))])
     _flush_to_chunks(store)  # one chunk: T .. T+285
     assert _chunk_rows(store) == [(T * 1000, (T + 285) * 1000, 20)]
-    store.maintenance.rollup(T + 900)
+    store.maintenance.rollup(T + 3600 + 900)  # the hour's 5 m buckets rolled up
     # Cut at T+100: samples T..T+90 (7 of them) go, T+105.. stay.
     deleted = store.maintenance.apply_retention(
         T + 100 + 86400, raw_s=86400, rollup_5m_s=1e8, rollup_1h_s=1e8

@@ -30,9 +30,9 @@ from tritonwatch.schemas.samples import Sample, make_labels
 from tritonwatch.store import Query, Store, open_store, samplelog
 from tritonwatch.store import chunks as ck
 from tritonwatch.store.engine import transaction
-from tritonwatch.store.maintenance import COMPACT_REWIND, get_meta, set_meta
+from tritonwatch.store.maintenance import COMPACT_REWIND
 from tritonwatch.store.query import merge_rows, raw_samples
-from tritonwatch.store.write import insert_chunks
+from tritonwatch.store.write import get_meta, insert_chunks, set_meta
 
 STALE_NAN = 0x7FF0000000000002  # Prometheus's staleness marker
 HOUR_MS = 3_600_000

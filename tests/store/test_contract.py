@@ -299,9 +299,12 @@ def test_buckets_read_from_rollups_equal_buckets_from_raw(store: Store, step: in
 
 def test_rollup_is_incremental(store: Store) -> None:
     _fill_hours(store, 1)
-    first = store.maintenance.rollup(T0 + 3600 + 150)
+    # The hour's 5 m buckets are rolled up together, once its log has been moved (5 minutes
+    # after it ends).
+    assert store.maintenance.rollup(T0 + 3600 + 150) == 0
+    first = store.maintenance.rollup(T0 + 3600 + 450)
     assert first == 3 * 12 + 3  # twelve 5 m rows and one 1 h row per series
-    assert store.maintenance.rollup(T0 + 3600 + 150) == 0  # nothing new completed
+    assert store.maintenance.rollup(T0 + 3600 + 450) == 0  # nothing new completed
 
 
 # --- retention -----------------------------------------------------------------------------

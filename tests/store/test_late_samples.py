@@ -12,7 +12,7 @@ import pytest
 
 from tests.store_sql import raw_engine
 from tritonwatch.schemas.samples import Sample
-from tritonwatch.store import Query, Store, open_store
+from tritonwatch.store import Query, Store, maintenance, open_store
 from tritonwatch.store.engine import transaction
 from tritonwatch.store.maintenance import _PG_LOCK_ROLLUP, WATERMARK_5M, watermarks
 from tritonwatch.store.query import ROLLUP_1H_MS, ROLLUP_5M_MS
@@ -21,6 +21,15 @@ from tritonwatch.store.query import ROLLUP_1H_MS, ROLLUP_5M_MS
 T = (int(time.time()) // 3600 - 72) * 3600.0
 SCRAPE = 15.0
 PER_BUCKET = int(300 / SCRAPE)  # samples of one series per 5 m bucket
+
+
+@pytest.fixture(autouse=True)
+def every_5_minutes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Roll up each 5 m bucket as soon as it is complete, not a whole hour at a time once the
+    log has moved (``maintenance.ROLLUP_5M_EVERY_MS``): the rules for late samples are the
+    same at either cadence, and these scenarios read plainly at the finer one.  The hourly
+    default has tests of its own (end of this module)."""
+    monkeypatch.setattr(maintenance, "ROLLUP_5M_EVERY_MS", ROLLUP_5M_MS)
 
 
 @pytest.fixture
@@ -174,3 +183,62 @@ def test_a_late_flush_waits_for_a_rollup_in_progress_on_another_process(
         assert marks(store)[ROLLUP_5M_MS] == (T + 300) * 1000
     finally:
         store.close()
+
+
+# --- the hourly default ---------------------------------------------------------------------
+
+
+def test_5m_buckets_are_rolled_up_an_hour_at_a_time_once_its_log_has_moved(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(maintenance, "ROLLUP_5M_EVERY_MS", ROLLUP_1H_MS)
+    write(store, T, T + 3600)
+    store.flush()
+    store.maintenance.rollup(T + 3600 + 240)  # the hour ended 4 minutes ago: not yet moved
+    assert marks(store) == {}
+    assert counts(store, 300) == {T + k * 300: 20 for k in range(12)}  # from raw samples
+    store.maintenance.rollup(T + 3600 + 300)
+    assert marks(store) == {ROLLUP_5M_MS: (T + 3600) * 1000, ROLLUP_1H_MS: (T + 3600) * 1000}
+    # The rollups alone hold the hour once raw retention has cut it.
+    store.maintenance.apply_retention(T + 3600 + 86400,
+                                      raw_s=86400, rollup_5m_s=1e8, rollup_1h_s=1e8)
+    assert store.read(Query("x", start=T, end=T + 3599)).series() == []
+    assert counts(store, 300) == {T + k * 300: 20 for k in range(12)}
+    assert counts(store, 3600) == {T: 240}
+
+
+def test_a_late_flush_between_two_batches_of_a_step_stops_its_watermark(
+    make_store: Callable[[], Store], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A step rolls up a batch of series per transaction.  A second collector's late flush
+    # committed after the batch holding its series was done must not be skipped when the
+    # step ends: the watermark stops at its bucket and the next run rolls up from there.
+    monkeypatch.setattr(maintenance, "ROLLUP_5M_EVERY_MS", ROLLUP_1H_MS)
+    monkeypatch.setattr(maintenance, "ID_BATCH", 1)
+    store, late = make_store(), make_store()
+    write(store, T, T + 3600, "a")
+    write(store, T, T + 3600, "b")
+    store.flush()
+    asked = [0]
+
+    def stop() -> bool:
+        asked[0] += 1
+        if asked[0] == 3:  # the 5 m step's first batch (series of "a") is committed
+            late.write("a", T + 1010, [Sample("x", (), 1.0)])
+            late.flush()
+        return False
+
+    maintenance.rollup(raw_engine(store), now_ms=round((T + 3600 + 300) * 1000), stop=stop)
+    assert asked[0] >= 3
+    assert marks(store)[ROLLUP_5M_MS] == (T + 900) * 1000
+    (a,) = store.read(Query("x", start=T + 900, end=T + 1199, step=300, agg="count",
+                            target="a")).series()
+    assert a.values == (21.0,)  # above the watermark: from raw samples
+    store.maintenance.rollup(T + 3600 + 300)
+    assert marks(store)[ROLLUP_5M_MS] == (T + 3600) * 1000
+    store.maintenance.apply_retention(T + 3600 + 86400,
+                                      raw_s=86400, rollup_5m_s=1e8, rollup_1h_s=1e8)
+    assert store.read(Query("x", start=T, end=T + 3599)).series() == []
+    a, b = store.read(Query("x", start=T, end=T + 3599, step=300, agg="count")).series()
+    assert (a.target, a.values[3], sum(a.values)) == ("a", 21.0, 241.0)
+    assert (b.target, sum(b.values)) == ("b", 240.0)

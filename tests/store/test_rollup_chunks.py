@@ -23,8 +23,8 @@ from tritonwatch.store import Query, Store, open_store
 from tritonwatch.store import rollup_chunks as rc
 from tritonwatch.store.chunks import MAX_CHUNK_BYTES
 from tritonwatch.store.engine import transaction
-from tritonwatch.store.maintenance import get_meta, set_meta
 from tritonwatch.store.query import ROLLUP_1H_MS, ROLLUP_5M_MS, Agg
+from tritonwatch.store.write import get_meta, set_meta
 
 STALE_NAN = 0x7FF0000000000002  # Prometheus's staleness marker
 T = (int(time.time()) // 86_400 - 3) * 86_400  # a day boundary three days ago (s)

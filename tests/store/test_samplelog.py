@@ -4,6 +4,7 @@ reading through it, and moving it into chunks without changing any answer."""
 from __future__ import annotations
 
 from contextlib import nullcontext
+from typing import Any
 
 import numpy as np
 import pytest
@@ -18,7 +19,7 @@ from tritonwatch.schemas.samples import Sample, make_labels
 from tritonwatch.store import Query, Store, samplelog
 from tritonwatch.store.chunks import encode, last_writes, sort_keep_last
 from tritonwatch.store.engine import transaction
-from tritonwatch.store.write import insert_chunks, next_seq
+from tritonwatch.store.write import get_meta, insert_chunks, next_seq
 
 T = 1_795_798_800  # an aligned hour
 
@@ -198,17 +199,122 @@ def test_moving_in_small_transactions_moves_whole_targets(
     transactions = 0
     real = samplelog._move
 
-    def counting(conn, cutoff, targets):
+    def counting(conn, seqs, cutoff, targets, *, redo):
         nonlocal transactions
         transactions += 1
         assert len(targets) == 2  # 6 samples each: the second target fills the budget
-        return real(conn, cutoff, targets)
+        assert not redo
+        return real(conn, seqs, cutoff, targets, redo=redo)
 
     monkeypatch.setattr(samplelog, "_move", counting)
     assert _move(store) == 24
     assert transactions == 2
     assert _table_counts(store) == (0, 8)
     assert store.read(Query("x", start=T, end=T + 60)).series() == before
+
+
+def _fill_four_targets(store: Store) -> list[Any]:
+    for k in range(3):
+        for target in ("a", "b", "c", "d"):
+            store.write(target, T + k * 15, [Sample("x", (), float(k)), Sample("y", (), 1.0)])
+        store.flush()
+    return store.read(Query("x", start=T, end=T + 60)).series()
+
+
+def _pending(store: Store) -> str | None:
+    with transaction(raw_engine(store), write=False) as conn:
+        return get_meta(conn, samplelog.MOVE_PENDING)
+
+
+def test_a_move_that_crashed_before_deleting_its_rows_is_done_again_cleanly(
+    make_store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The chunks are written group by group and the moved rows deleted by a last transaction:
+    # a crash in between leaves both, and each sample must still be read once, then the next
+    # move (which writes the same chunks again) must neither fail on their keys nor keep two.
+    monkeypatch.setattr(samplelog, "TRANSPOSE_SAMPLES", 10)
+    store = make_store()
+    before = _fill_four_targets(store)
+
+    def crash(_conn, _cutoff):
+        raise RuntimeError("killed")
+
+    with monkeypatch.context() as m:
+        m.setattr(samplelog, "_forget_flushes", crash)
+        with pytest.raises(RuntimeError, match="killed"):
+            _move(store)
+    assert _table_counts(store) == (24, 8)  # the rows, and the chunks written from them
+    assert _pending(store) is not None
+    assert store.read(Query("x", start=T, end=T + 60)).series() == before
+    assert store.count_samples() >= 24
+    assert _move(store) == 24
+    assert _table_counts(store) == (0, 8)
+    assert _pending(store) is None
+    assert store.read(Query("x", start=T, end=T + 60)).series() == before
+    assert store.count_samples() == 24
+
+
+def test_a_move_stopped_between_groups_deletes_the_rows_of_the_groups_it_moved(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(samplelog, "TRANSPOSE_SAMPLES", 10)
+    before = _fill_four_targets(store)
+    asked = [0]
+
+    def stop() -> bool:
+        asked[0] += 1
+        return asked[0] > 1  # after the first group (targets a and b)
+
+    moved = samplelog.transpose(raw_engine(store), gate=nullcontext(), stop=stop)
+    assert moved == 12
+    assert _table_counts(store) == (12, 4)  # c and d still in the log; a and b in chunks
+    assert _pending(store) is None
+    with transaction(raw_engine(store), write=False) as conn:
+        left = set(conn.execute(select(t.sample_log.c.target).distinct()).scalars())
+    assert left == {"c", "d"}
+    assert store.read(Query("x", start=T, end=T + 60)).series() == before
+    assert _move(store) == 12
+    assert _table_counts(store) == (0, 8)
+    assert store.read(Query("x", start=T, end=T + 60)).series() == before
+
+
+def test_the_rows_a_move_leaves_are_all_kept(make_store) -> None:
+    # On SQLite the move replaces the log by a copy of what it leaves (``_keep_only_unmoved``):
+    # the later hour's rows of a flush it moved, and flushes committed while it ran (one of
+    # them late, into the hour being moved).
+    store = make_store()
+    for ts in (T + 3570, T + 3585, T + 3600, T + 3615):  # one flush across the hour's end
+        store.write("a", ts, [Sample("x", (), ts - T)])
+    store.flush()
+    store.write("b", T + 3630, [Sample("x", (), 1.0)])
+    store.flush()
+    asked = [0]
+
+    def meanwhile() -> bool:  # asked before the move's first group
+        asked[0] += 1
+        store.write("a", T + 3540, [Sample("x", (), -1.0)])  # late, into the hour moved
+        store.write("b", T + 3645, [Sample("x", (), 2.0)])
+        store.flush()
+        return False
+
+    moved = samplelog.transpose(raw_engine(store), gate=nullcontext(), stop=meanwhile,
+                                before_ms=(T + 3600) * 1000)
+    assert (asked[0], moved) == (1, 2)  # a's two samples of the first hour
+    a, b = store.read(Query("x", start=T, end=T + 7200)).series()
+    assert (a.ts, a.values) == ((T + 3540, T + 3570, T + 3585, T + 3600, T + 3615),
+                                (-1.0, 3570.0, 3585.0, 3600.0, 3615.0))
+    assert b.values == (1.0, 2.0)
+    with transaction(raw_engine(store), write=False) as conn:
+        left = conn.execute(select(t.sample_log.c.target, t.sample_log.c.start_ms)
+                            .order_by(t.sample_log.c.seq, t.sample_log.c.target)).all()
+    assert left == [("a", (T + 3600) * 1000), ("b", (T + 3630) * 1000),
+                    ("a", (T + 3540) * 1000), ("b", (T + 3645) * 1000)]
+    assert samplelog.transpose(raw_engine(store), gate=nullcontext(),
+                               before_ms=(T + 3600) * 1000) == 1  # the late one
+    assert store.read(Query("x", start=T, end=T + 7200)).series() == [a, b]
+    assert samplelog.transpose(raw_engine(store), gate=nullcontext()) == 4
+    assert _table_counts(store)[0] == 0
+    assert store.read(Query("x", start=T, end=T + 7200)).series() == [a, b]
 
 
 def test_series_of_a_target_with_log_rows_are_not_deleted_as_empty(store: Store) -> None:
@@ -335,7 +441,7 @@ def test_the_first_rollup_starts_at_samples_still_in_the_log(store: Store) -> No
     for k in range(40):
         store.write("t", T + k * 15, [Sample("x", (), 1.0)])
     store.flush()
-    assert maintenance.rollup(raw_engine(store), now_ms=(T + 3600) * 1000) > 0
+    assert maintenance.rollup(raw_engine(store), now_ms=(T + 3600 + 300) * 1000) > 0
     (five,) = store.read(Query("x", start=T, end=T + 599, step=300, agg="count")).series()
     assert five.values == (20.0, 20.0)
 
