@@ -15,7 +15,10 @@ Row format.  ``data`` is little-endian int64 words: ``k`` (chunks), then the ``k
 then the ``k`` sample counts, then the chunks' data one after the other, each in the
 ``store.chunks`` encoding (``n`` timestamps, then ``n`` float64 values).  A row of one scrape
 (each series one sample, all at one instant: a fleet's steady state) is written compact:
-``-k``, the timestamp, the ``k`` ids, the ``k`` values (16 bytes a sample instead of 32).
+``-k``, the timestamp, the ``k`` ids, the ``k`` values (16 bytes a sample instead of 32);
+and where the ids are a few runs of consecutive ids (a target's series are created together),
+as ``-(2**40 + k)``, the timestamp, the number of runs, each run's first id and length, then
+the ``k`` values (a fleet-shaped target of 566 series: 17.4 -> 11.1 bytes a sample).
 ``start_ms`` and ``end_ms`` are the row's oldest and newest sample, ``n`` its samples;
 ``name`` the name of all of its series.
 
@@ -97,6 +100,9 @@ TRANSPOSE_SAMPLES = 1 << 16
 MOVE_AFTER_MS = 300_000
 
 _LE_I64 = np.dtype("<i8")
+#: Added to ``k`` in the header word of a compact row that lists its ids as runs (the module
+#: docstring); far above any real ``k``, which a row's length bounds.
+_RANGED = 1 << 40
 _LE_F64 = np.dtype("<f8")
 
 
@@ -201,15 +207,34 @@ def _compact_rows(seq: int, columns: SampleColumns) -> list[LogRow] | None:
     row = np.repeat(np.arange(len(k), dtype=np.int64), k)
     if (ts != ts[starts][row]).any():
         return None
-    size = 2 + 2 * k
+    # Runs of consecutive ids (a target's series are created together, so a name's ids are
+    # mostly one run or a few): a row whose runs take fewer words than its ids lists runs.
+    is_start = np.ones(len(sids), bool)
+    is_start[1:] = sids[1:] != sids[:-1] + 1
+    is_start[starts] = True
+    run_at = np.flatnonzero(is_start)
+    runs = np.bincount(row[run_at], minlength=len(k))
+    ranged = 2 * runs + 1 < k
+    size = np.where(ranged, 3 + 2 * runs, 2 + k) + k
     row_end = np.cumsum(size)
     row_at = row_end - size
     words = np.empty(int(row_end[-1]), _LE_I64)
-    words[row_at] = -k
+    words[row_at] = np.where(ranged, -(_RANGED + k), -k)
     words[row_at + 1] = ts[starts]
-    at = row_at[row] + 2 + np.arange(len(sids), dtype=np.int64) - starts[row]
-    words[at] = sids
-    words[at + k[row]] = np.ascontiguousarray(values, _LE_F64).view(_LE_I64)
+    pos = np.arange(len(sids), dtype=np.int64) - starts[row]
+    listed = ~ranged[row]
+    words[(row_at[row] + 2 + pos)[listed]] = sids[listed]
+    words[row_at[row] + np.where(ranged, 3 + 2 * runs, 2 + k)[row] + pos] = (
+        np.ascontiguousarray(values, _LE_F64).view(_LE_I64))
+    if ranged.any():
+        words[row_at[ranged] + 2] = runs[ranged]
+        run_row = row[run_at]
+        run_end = np.append(run_at[1:], len(sids))
+        first_run = np.cumsum(runs) - runs
+        slot = row_at[run_row] + 3 + 2 * (np.arange(len(run_at)) - first_run[run_row])
+        on = ranged[run_row]
+        words[slot[on]] = sids[run_at[on]]
+        words[slot[on] + 1] = (run_end - run_at)[on]
     buf = words.tobytes()
     datas = [buf[a:b] for a, b in zip((8 * row_at).tolist(), (8 * row_end).tolist(),
                                       strict=True)]
@@ -295,33 +320,66 @@ class _Rows:
         size = lens // 8
         row_at = np.cumsum(size) - size
         head = words[row_at].astype(np.int64)
+        ranged = head <= -_RANGED
         compact = head < 0
-        k = np.where(compact, -head, head)
+        k = np.where(ranged, -head - _RANGED, np.where(compact, -head, head))
         # Compared before any arithmetic on them: a damaged count must not wrap around.  A
-        # chunk takes at least 4 words (id, count, a sample's two), a compact one 2.
-        if (k < 1).any() or (k > np.where(compact, size // 2, (size - 1) // 4)).any():
+        # chunk takes at least 4 words (id, count, a sample's two), a compact one 2 (a value
+        # per series beside 3 header words and two per run).
+        most = np.where(ranged, size - 5, np.where(compact, size // 2, (size - 1) // 4))
+        if (k < 1).any() or (k > most).any():
             raise ValueError("sample_log row header names more chunks than the row holds")
-        if (compact & (2 + 2 * k != size)).any():
+        runs = np.zeros(len(datas), np.int64)
+        runs[ranged] = words[row_at[ranged] + 2]
+        if ((runs < 0) | (runs > size)).any() or (ranged & (
+            (runs < 1) | (3 + 2 * runs + k != size)
+        )).any() or (compact & ~ranged & (2 + 2 * k != size)).any():
             raise ValueError("sample_log row does not hold the samples its header counts")
         row = np.repeat(np.arange(len(datas), dtype=np.int64), k)
         first = np.cumsum(k) - k
         pos = np.arange(int(k.sum()), dtype=np.int64) - first[row]
         one = compact[row]
         id_at = row_at[row] + 1 + pos + one
-        ns = np.where(one, 1, words[id_at + k[row]].astype(np.int64))
+        ns = np.where(one, 1, words[np.where(ranged[row], 0, id_at + k[row])].astype(np.int64))
         if ((ns < 1) | (ns > size[row] // 2)).any():
             raise ValueError("sample_log row counts an empty or oversized chunk")
         if (~compact & (1 + 2 * k + 2 * np.add.reduceat(ns, first) != size)).any():
             raise ValueError("sample_log row does not hold the samples its header counts")
         before = np.cumsum(ns) - ns
         self.words = words
-        self.ids = words[id_at].astype(np.int64)
+        self.ids = words[np.where(ranged[row], 0, id_at)].astype(np.int64)
         self.ns = ns
         #: Word index of each chunk's first timestamp, and of its first value.
         at = (row_at + 1 + 2 * k)[row] + 2 * (before - before[first][row])
         self.at = np.where(one, row_at[row] + 1, at)
         self.vat = np.where(one, id_at + k[row], at + ns)
         self.seqs = np.asarray(seqs, np.int64)[row]
+        if ranged.any():
+            self._runs(words, row_at, ranged, runs, k, row, pos)
+
+    def _runs(self, words: npt.NDArray[np.int64], row_at: npt.NDArray[np.int64],
+              ranged: npt.NDArray[np.bool_], runs: npt.NDArray[np.int64],
+              k: npt.NDArray[np.int64], row: npt.NDArray[np.int64],
+              pos: npt.NDArray[np.int64]) -> None:
+        # The ids and value positions of the rows that list their ids as runs.
+        which = np.flatnonzero(ranged)
+        n_runs = runs[which]
+        run_row = np.repeat(which, n_runs)
+        slot = row_at[run_row] + 3 + 2 * (
+            np.arange(int(n_runs.sum()), dtype=np.int64) - np.repeat(np.cumsum(n_runs) - n_runs,
+                                                                      n_runs))
+        first_id, length = words[slot].astype(np.int64), words[slot + 1].astype(np.int64)
+        if (length < 1).any() or (first_id < 0).any() or (first_id > I64_MAX - length).any():
+            raise ValueError("sample_log row lists an empty or overflowing run of ids")
+        if (np.bincount(run_row, weights=length, minlength=len(k))[which] != k[which]).any():
+            raise ValueError("sample_log row's runs of ids do not add up to its series")
+        sel = ranged[row]
+        # The ranged rows' series in order are their runs' ids in order.
+        run_first = np.cumsum(length) - length
+        ids = np.repeat(first_id - run_first, length) + np.arange(int(length.sum()),
+                                                                  dtype=np.int64)
+        self.ids[sel] = ids
+        self.vat[sel] = (row_at + 3 + 2 * runs)[row[sel]] + pos[sel]
 
     def samples(
         self, keep: npt.NDArray[np.int64] | None = None

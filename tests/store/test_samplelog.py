@@ -97,6 +97,14 @@ _DAMAGED = [
     np.array([-2, 7, 1, 2, 5], "<i8").tobytes(),  # a value short
     np.array([-(2**63), 7, 1, 5], "<i8").tobytes(),  # a count that wraps around
     np.array([-1, 7, 1, 5, 0], "<i8").tobytes(),  # a word too many
+    # Compact rows with their ids as runs: -(2**40 + k), ts, runs, (first, length)*, values.
+    np.array([-(2**40 + 3), 7, 1, 10, 2, 5, 5, 5], "<i8").tobytes(),  # runs hold 2 of 3
+    np.array([-(2**40 + 2), 7, 1, 10, 0, 5, 5], "<i8").tobytes(),  # an empty run
+    np.array([-(2**40 + 2), 7, 2, 10, 1, 5, 5], "<i8").tobytes(),  # a run short
+    np.array([-(2**40 + 2), 7, -1, 10, 2, 5, 5], "<i8").tobytes(),  # a negative count
+    np.array([-(2**40 + 2), 7, 1, 2**63 - 1, 2, 5, 5], "<i8").tobytes(),  # ids past int64
+    np.array([-(2**62), 7, 1, 10, 2, 5, 5], "<i8").tobytes(),  # a huge k
+    np.array([-(2**40 + 1), 7, 1, 10], "<i8").tobytes(),  # no room for its value
 ]
 
 
@@ -111,26 +119,37 @@ def test_a_damaged_row_is_refused(data: bytes) -> None:
 def test_one_scrape_rows_are_compact_and_decode_with_any_rows_bit_for_bit(
     n: int, kinds: int, data: st.DataObject
 ) -> None:
-    # One sample per series, a row's at one instant: the compact layout (16 bytes a sample).
-    ids = np.arange(1, n + 1, dtype=np.int64)
+    # One sample per series, a row's at one instant: the compact layout (16 bytes a sample),
+    # or (where runs of consecutive ids take fewer words than the ids) with the ids as runs.
+    ids = np.array(sorted(data.draw(st.sets(st.integers(1, 3 * n), min_size=n, max_size=n))),
+                   np.int64)
+    name_of = {int(i): (int(i) // data.draw(st.sampled_from([1, 5, 1000]))) % kinds
+               for i in ids}
+    codes = np.array([name_of[int(i)] for i in ids], np.int64)
     stamps = {k: data.draw(st.integers(0, 3_599_999)) for k in range(kinds)}
-    ts = np.array([T * 1000 + stamps[int(i) % kinds] for i in ids], np.int64)
+    ts = np.array([T * 1000 + stamps[int(c)] for c in codes], np.int64)
     values = np.array(data.draw(st.lists(_value_bits, min_size=n, max_size=n)),
                       np.uint64).view(np.float64)
-    index = (ids, ids % kinds, [f"m{k}" for k in range(kinds)])
+    index = (ids, codes, [f"m{k}" for k in range(kinds)])
     rows = samplelog.log_rows(3, samplelog.named_columns("t", (ids, ts, values), index))
-    assert len(rows) == len({int(i) % kinds for i in ids})
+    assert len(rows) == len(set(codes.tolist()))
     for r in rows:
-        assert len(r[6]) == 16 + 16 * r[5] and r[3] == r[4]  # compact: -k, ts, ids, values
+        mine = ids[codes == int(r[1][1:])]
+        runs = 1 + int(np.count_nonzero(np.diff(mine) != 1))
+        assert r[3] == r[4] and r[5] == len(mine)
+        # -k, ts, ids, values; or -(2**40 + k), ts, the number of runs, (first, length) per
+        # run, values
+        assert len(r[6]) == 8 * min(2 + 2 * r[5], 3 + 2 * runs + r[5] if 2 * runs + 1 < r[5]
+                                    else 2 + 2 * r[5])
     # Decoded beside a row of the other layout (two samples of one series), as a read does.
     other = samplelog.log_rows(4, samplelog.named_columns(
-        "t", (np.array([99, 99]), np.array([T * 1000, T * 1000 + 15_000]),
-              np.array([1.5, -0.0])), (np.array([99]), np.array([0]), ["y"])))
+        "t", (np.array([999, 999]), np.array([T * 1000, T * 1000 + 15_000]),
+              np.array([1.5, -0.0])), (np.array([999]), np.array([0]), ["y"])))
     assert len(other) == 1 and len(other[0][6]) == 8 * (1 + 2 + 4)
     for mixed in (rows + other, other + rows):
         got = samplelog._Rows([r[2] for r in mixed], [r[6] for r in mixed]).samples()
         back = sort_keep_last(*got[:3])
-        want_ids = np.concatenate([ids, [99, 99]])
+        want_ids = np.concatenate([ids, [999, 999]])
         want_ts = np.concatenate([ts, [T * 1000, T * 1000 + 15_000]])
         want_v = np.concatenate([values, [1.5, -0.0]])
         order = np.lexsort((want_ts, want_ids))
