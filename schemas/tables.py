@@ -42,7 +42,9 @@ from sqlalchemy import (
 #: 7: ``sample_log`` keyed ``(seq, target, name, start_ms)``, each flush listed in
 #: ``sample_log_flushes`` (readers find a window's log rows through it; an older writer would
 #: not list its flushes); ``store.migrate.rekey_sample_log`` converts.
-SCHEMA_VERSION = 7
+#: 8: ``sample_log`` rows may list their series ids as runs, which 7 would drop as damaged;
+#: nothing to convert.
+SCHEMA_VERSION = 8
 
 # Named constraints keep future migrations (ALTER ... DROP CONSTRAINT name) portable.
 metadata = MetaData(

@@ -32,6 +32,10 @@ Version 6 -> 7: ``sample_log`` is keyed ``(seq, target, name, start_ms)`` instea
 :func:`rekey_sample_log` rewrites it in the upgrade's own transaction (SQLite cannot change
 a primary key in place: the table is copied), and lists its flushes; the bump keeps an older
 tritonwatch, whose flushes would not be listed, off.
+
+Version 7 -> 8: nothing to convert.  Log rows may list their series ids as runs
+(``store.samplelog``, "Row format"), which version 7 would take for damaged rows and drop:
+the bump keeps it off.
 """
 
 from __future__ import annotations

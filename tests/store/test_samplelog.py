@@ -539,3 +539,39 @@ def test_a_schema_6_log_is_rekeyed_and_its_flushes_listed(store_url: str) -> Non
             assert s.read(Query(name, start=T, end=T + 60)).series() == before[name]
     finally:
         s.close()
+
+
+def test_a_schema_7_store_opens_as_8_and_its_rows_of_both_layouts_read(
+    store_url: str,
+) -> None:
+    from tritonwatch.store import open_store
+
+    old = open_store(store_url)
+    old.migrations.apply()
+    old.write("t", T + 15, [Sample("x", make_labels({"i": str(i)}), 10.0 + i) for i in range(4)])
+    old.flush()  # four consecutive ids: listed as one run
+    with transaction(raw_engine(old), write=True) as conn:
+        ids = conn.execute(select(t.series.c.id).where(t.series.c.name == "x")
+                           .order_by(t.series.c.labels)).scalars().all()
+        (ranged,) = conn.execute(select(t.sample_log.c.data)).scalars().all()
+        assert np.frombuffer(ranged, "<i8")[0] == -(2**40 + 4)
+        # Version 7's compact layout (ids listed), as it wrote every one-scrape row.
+        seq = next_seq(conn)
+        data = np.array([-4, T * 1000, *ids, 0, 0, 0, 0], "<i8")
+        data[6:] = np.array([1.5, 2.5, 3.5, 4.5]).view("<i8")
+        samplelog.insert(conn, [("t", "x", seq, T * 1000, T * 1000, 4, data.tobytes())])
+        samplelog.record_flush(conn, seq, T * 1000, T * 1000)
+        conn.execute(t.meta.update().where(t.meta.c.key == "schema_version").values(value="7"))
+    old.close()
+    s = open_store(store_url)
+    try:
+        s.migrations.apply()
+        with transaction(raw_engine(s), write=False) as conn:
+            assert conn.execute(select(t.meta.c.value).where(
+                t.meta.c.key == "schema_version")).scalar_one() == "8"
+        got = s.read(Query("x", start=T, end=T + 60)).series()
+        assert [d.values for d in got] == [(1.5 + i, 10.0 + i) for i in range(4)]
+        _move(s)
+        assert s.read(Query("x", start=T, end=T + 60)).series() == got
+    finally:
+        s.close()
