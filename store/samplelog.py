@@ -518,8 +518,9 @@ def transpose(
     Why the rows are deleted last.  Deleted with their group, a target's rows were a few
     scattered in every flush of the hour, so each group's transaction rewrote nearly every
     page of the hour's log (96 of the 233 bytes written per sample ingested, at 100
-    targets); deleted all at once, the log's pages are emptied in key order and freed, and
-    a freed page is not written.  Until then a reader finds those samples twice, in the
+    targets).  All at once, on SQLite the table is replaced by a copy of the rows left
+    (:func:`_keep_only_unmoved`: 96 -> 10 with the chunks' own writes), and on PostgreSQL
+    each page is dirtied once.  Until then a reader finds those samples twice, in the
     chunks and in the log, and keeps one (the chunk's ``seq`` is the highest of its rows':
     the last-write rule).  A run that ends early deletes the rows of the groups it finished;
     one that crashed leaves :data:`MOVE_PENDING` set, and the next run, which moves those
