@@ -93,8 +93,9 @@ class TargetState:
         self._gpu_plan: tuple[Shape | None, TritonGpuPlan] = (None, EMPTY_PLAN)
         # The shape's label tuples with the target's labels added, built once per shape.
         self._labeled: tuple[Shape | None, list[Labels]] = (None, [])
-        # stored_series()'s last answer: (shape, derived names, derived labels, names, labels).
-        self._stored: tuple[Shape, list[str], list[Labels], list[str], list[Labels]] | None = None
+        # stored_series()'s last answer: (shape, names, labels); the derived names and labels
+        # are their tail (not kept twice).
+        self._stored: tuple[Shape, list[str], list[Labels]] | None = None
         # Model configs as last written to the store: only changed ones are written again.
         self.written_configs: dict[str, dict[str, Any]] = {}
 
@@ -159,13 +160,15 @@ class TargetState:
         recognises the unchanged layout by identity.
         """
         cached = self._stored
-        if cached is not None and cached[0] is shape and cached[1] == names and (
-            cached[2] == labels
-        ):
-            return cached[3], cached[4]
-        stored = (shape.names + names, self.shape_labels(shape) + labels)
-        self._stored = (shape, names, labels, *stored)
-        return stored
+        if cached is not None and cached[0] is shape:
+            _, stored_names, stored_labels = cached
+            n = len(shape)
+            if (len(stored_names) == n + len(names) and stored_names[n:] == names
+                    and stored_labels[n:] == labels):
+                return stored_names, stored_labels
+        stored_names, stored_labels = shape.names + names, self.shape_labels(shape) + labels
+        self._stored = (shape, stored_names, stored_labels)
+        return stored_names, stored_labels
 
     def set_configs(self, configs: Mapping[str, ModelConfigInfo]) -> None:
         merged = dict(configs)

@@ -62,7 +62,9 @@ if TYPE_CHECKING:
     from tritonwatch.collector.shape import Shape, Values
 
 _Floats = npt.NDArray[np.float64]
-_Ints = npt.NDArray[np.intp]
+# Index arrays are int32: a payload never holds 2**31 series, and a fleet keeps a plan per
+# target (half the memory of intp for the same indexing).
+_Ints = npt.NDArray[np.int32]
 _Bools = npt.NDArray[np.bool_]
 EnergyState = dict[StateKey, tuple[float, float]]
 
@@ -100,7 +102,7 @@ class Gathered:
 
 
 def _ints(items: list[int]) -> _Ints:
-    return np.array(items, dtype=np.intp)
+    return np.array(items, dtype=np.int32)
 
 
 def _first_seen_order(ids: _Ints) -> list[int]:
@@ -148,12 +150,12 @@ class Plan:
         "m_gauge",
         "m_idx",
         "m_seen",
+        "n_states",
         "present",
         "seen_keys",
         "seen_static",
         "shape",
         "slot_keys",
-        "u_keys",
     )
 
     def __init__(self, shape: Shape, source: int) -> None:
@@ -255,11 +257,25 @@ class Plan:
         # (acc, part, key, index)
         self.slot_keys: list[tuple[int, int, str, int]] = _shared_all(slots)
         self.gauge_keys: list[tuple[int, str]] = _shared_all(gauges)
-        self.u_keys: list[StateKey] = list(states)
+        # The state keys themselves are not kept (~150 tuples per target): only a new shape
+        # needs them, to carry the baselines over (state_keys()).
+        self.n_states = len(states)
         seen_static: list[set[str]] = [set() for _ in accs]
         for acc, fld in seen:
             seen_static[acc].add(fld)
         self.seen_static = [_shared(frozenset(fields)) for fields in seen_static]
+
+
+    def state_keys(self) -> list[StateKey]:
+        """The state key of each state number ``u``: ``(role key, labels)`` of its first
+        counter entry, rebuilt from the shape (state numbers are given in order of first
+        appearance, so the first entry of ``u`` comes before that of ``u + 1``)."""
+        if not self.n_states:
+            return []
+        _, first = np.unique(self.c_u, return_index=True)
+        positions = self.m_idx[self.c_pos[first]].tolist()
+        names, labels, roles = self.shape.names, self.shape.labels, ROLES
+        return [(roles[names[i]].key, labels[i]) for i in positions]
 
 
 _K = TypeVar("_K")
@@ -324,15 +340,16 @@ class SourceEngine:
         return probe
 
     def _carry_over(self, plan: Plan) -> None:
-        n = len(plan.u_keys)
+        n = plan.n_states
         has = np.zeros(n, dtype=np.bool_)
         ts = np.zeros(n, dtype=np.float64)
         value = np.zeros(n, dtype=np.float64)
         old = self.plan
         if old is not None and self.has.any():
             old_ts, old_value = self.ts.tolist(), self.value.tolist()
-            index = {old.u_keys[u]: u for u in np.flatnonzero(self.has).tolist()}
-            for u, skey in enumerate(plan.u_keys):
+            old_keys = old.state_keys()
+            index = {old_keys[u]: u for u in np.flatnonzero(self.has).tolist()}
+            for u, skey in enumerate(plan.state_keys()):
                 j = index.get(skey)
                 if j is not None:
                     has[u] = True
@@ -448,7 +465,7 @@ class SourceEngine:
             self.has = np.ones(len(u), dtype=np.bool_)
             self.ts, self.value = kept_ts, kept_value
         else:
-            n = len(plan.u_keys)
+            n = plan.n_states
             self.has = np.zeros(n, dtype=np.bool_)
             self.ts = np.zeros(n, dtype=np.float64)
             self.value = np.zeros(n, dtype=np.float64)
