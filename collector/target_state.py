@@ -7,7 +7,7 @@ the jobs themselves are in :mod:`collector.jobs`.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -79,7 +79,6 @@ class TargetState:
                       headers=target.headers, expected_models=target.expected_models)
             if target.http_url or target.grpc_url else None
         )
-        self.latest: list[Sample] = []  # derived SLIs of the last scrape, for display
         # The shape the next payload is read against (collector.shape).
         self.shape: Shape | None = None
         # The last good scrape, column-wise (no per-sample objects kept), as one attribute:
@@ -87,7 +86,12 @@ class TargetState:
         # another.
         # Its derived SLIs travel in the same tuple, so the join never pairs one scrape's values
         # with another's SLIs.
-        self.last_scrape: tuple[Shape, Values, list[Sample]] | None = None
+        # The derived SLIs are a window over the lists and the array handed to the store
+        # (SampleWindow), or a list.
+        self.last_scrape: tuple[Shape, Values, Sequence[Sample]] | None = None
+        # derived_series()'s last answer: the derived series' names and own labels (without the
+        # target's labels), kept while equal.
+        self._derived: tuple[list[str], list[Labels]] = ([], [])
         # What the GPU join reads from a payload of the shape, found once per shape (only the
         # nvml job, one run at a time, touches it).
         self._gpu_plan: tuple[Shape | None, TritonGpuPlan] = (None, EMPTY_PLAN)
@@ -98,6 +102,20 @@ class TargetState:
         self._stored: tuple[Shape, list[str], list[Labels]] | None = None
         # Model configs as last written to the store: only changed ones are written again.
         self.written_configs: dict[str, dict[str, Any]] = {}
+
+    @property
+    def latest(self) -> list[Sample]:
+        """The derived SLIs of the last successful scrape (built on demand), for display."""
+        last = self.last_scrape
+        return [] if last is None else list(last[2])
+
+    def derived_series(self, names: list[str], labels: list[Labels]
+                       ) -> tuple[list[str], list[Labels]]:
+        """``(names, labels)``, or the equal lists of the last call (one pair kept per
+        target, not one per scrape)."""
+        if (names, labels) != self._derived:
+            self._derived = (names, labels)
+        return self._derived
 
     @property
     def latest_raw(self) -> list[Sample]:
@@ -134,7 +152,6 @@ class TargetState:
 
     def forget_scrape(self) -> None:
         """The target is down: its last scrape no longer describes it."""
-        self.latest = []
         self.last_scrape = None
         # The shape stays: when the target comes back, its first payload can still match it.
 
