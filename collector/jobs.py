@@ -27,7 +27,7 @@ import asyncio
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -49,7 +49,7 @@ from tritonwatch.collector.shape import match, parse_columns
 from tritonwatch.collector.target_state import TargetState, with_target_labels
 from tritonwatch.collector.triton import TritonApiError
 from tritonwatch.schemas.config import Config
-from tritonwatch.schemas.latest import LatestValues
+from tritonwatch.schemas.latest import LatestValues, SampleWindow
 from tritonwatch.schemas.probes import ProbeResult
 from tritonwatch.schemas.samples import Sample, Snapshot, TargetHealth
 from tritonwatch.schemas.untrusted import RepeatLimiter, log_safe
@@ -244,19 +244,30 @@ class Collector:
             raise LimitExceeded(target.name, reason, len(values))
         with state.derive_lock:
             derived = state.deriver.derive_columns(shape, values, now, state.configs)
-        state.shape, state.last_scrape, state.latest = shape, (shape, values, derived), derived
         health = TargetHealth(
             target.name, "metrics", now, True, time.perf_counter() - start, len(values)
         )
         extra = derived + self._up_samples(health)
         if target.labels:
             extra = with_target_labels(extra, target.labels)
-        self.latest.put(target.name, "metrics", now, extra)
         names, labels = state.stored_series(
             shape, [s.name for s in extra], [s.labels for s in extra]
         )
         stored = np.concatenate(
             [values, np.fromiter((s.value for s in extra), np.float64, len(extra))])
+        # What is kept until the next scrape is windows over the lists and array handed to
+        # the store, not the samples themselves (SampleWindow).
+        n, n_derived = len(values), len(derived)
+        if target.labels:  # the derived SLIs' own labels are not the stored ones
+            own_names, own_labels = state.derived_series(
+                [s.name for s in derived], [s.labels for s in derived])
+            kept: Sequence[Sample] = SampleWindow(own_names, own_labels,
+                                                  stored[n:n + n_derived])
+        else:
+            kept = SampleWindow(names, labels, stored, n, n + n_derived)
+        state.shape, state.last_scrape = shape, (shape, stored[:n], kept)
+        self.latest.put_window(target.name, "metrics", now,
+                               SampleWindow(names, labels, stored, n, len(stored)))
         self.store.write_columns(target.name, now, names, labels, stored)
         if self.remote:
             self.remote.append_columns(target.name, now, names, labels, stored)

@@ -36,7 +36,7 @@ import re
 import sys
 from collections.abc import Container
 from itertools import compress
-from typing import NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -68,6 +68,31 @@ _intern = sys.intern
 _FLIP = bytes.maketrans(b"\x00\x01", b"\x01\x00")
 
 
+# Shapes of a fleet are mostly alike (servers of one deployment list the same families, and
+# the same lines up to label values), and a fleet keeps one per target: the parts that are
+# equal (spans, masks, comment tokens, skeleton lengths) are one shared object for all of them.
+# Bounded in entries and bytes, never emptied (like collector.parse's tables): past the bound
+# new parts are kept unshared.
+_SHARED_PARTS: dict[Any, Any] = {}
+_SHARED_PARTS_MAX = 10_000
+_SHARED_PARTS_BYTES_MAX = 32 * 1024 * 1024
+_shared_parts_bytes = [0]
+_T = TypeVar("_T", bytes, tuple[Any, ...])
+
+
+def _shared(part: _T, size: int) -> _T:
+    """The shared object equal to ``part`` (``size``: about its bytes), or ``part`` itself."""
+    found = _SHARED_PARTS.get(part)
+    if found is not None:
+        return found  # type: ignore[no-any-return]
+    if len(_SHARED_PARTS) < _SHARED_PARTS_MAX and (
+        _shared_parts_bytes[0] + size <= _SHARED_PARTS_BYTES_MAX
+    ):
+        _shared_parts_bytes[0] += size
+        _SHARED_PARTS[part] = part
+    return part
+
+
 class _Span(NamedTuple):
     name: str
     type: str
@@ -86,11 +111,14 @@ class _Matcher:
         fixed = parts[0::2]
         self.n_parts = len(parts)
         self.skeleton_hash = hash("".join(fixed))
-        self.lengths = np.fromiter(map(len, fixed), np.int32, len(fixed))
-        self.value_mask = value_mask
-        self.comment_mask = value_mask.translate(_FLIP)
+        # The lengths as bytes (int32 each): shared between the equal shapes of a fleet.
+        lengths = np.fromiter(map(len, fixed), np.int32, len(fixed)).tobytes()
+        self.lengths = _shared(lengths, len(lengths))
+        self.value_mask = _shared(value_mask, len(value_mask))
+        self.comment_mask = _shared(value_mask.translate(_FLIP), len(value_mask))
         # The last word of each HELP and TYPE line: the same few dozen words on every server.
-        self.comment_tokens = tuple(map(_intern, compress(parts[1::2], self.comment_mask)))
+        tokens = tuple(map(_intern, compress(parts[1::2], self.comment_mask)))
+        self.comment_tokens = _shared(tokens, 8 * len(tokens))
 
     def values(self, text: str) -> Values | None:
         """The sample values of ``text``, or None when its structure differs (or is unusual)."""
@@ -100,7 +128,7 @@ class _Matcher:
         fixed = parts[0::2]
         if hash("".join(fixed)) != self.skeleton_hash:
             return None
-        if not np.array_equal(np.fromiter(map(len, fixed), np.int32, len(fixed)), self.lengths):
+        if np.fromiter(map(len, fixed), np.int32, len(fixed)).tobytes() != self.lengths:
             return None
         tokens = parts[1::2]
         if tuple(compress(tokens, self.comment_mask)) != self.comment_tokens:
@@ -153,7 +181,7 @@ class Shape:
             spans.append(_Span(f.name, f.type, f.help, start, len(names)))
         self.names = names
         self.labels = labels
-        self.spans = tuple(spans)
+        self.spans = _shared(tuple(spans), 120 * len(spans))
         self._matcher = matcher
 
     def __len__(self) -> int:

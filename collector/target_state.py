@@ -7,7 +7,7 @@ the jobs themselves are in :mod:`collector.jobs`.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -79,7 +79,6 @@ class TargetState:
                       headers=target.headers, expected_models=target.expected_models)
             if target.http_url or target.grpc_url else None
         )
-        self.latest: list[Sample] = []  # derived SLIs of the last scrape, for display
         # The shape the next payload is read against (collector.shape).
         self.shape: Shape | None = None
         # The last good scrape, column-wise (no per-sample objects kept), as one attribute:
@@ -87,16 +86,36 @@ class TargetState:
         # another.
         # Its derived SLIs travel in the same tuple, so the join never pairs one scrape's values
         # with another's SLIs.
-        self.last_scrape: tuple[Shape, Values, list[Sample]] | None = None
+        # The derived SLIs are a window over the lists and the array handed to the store
+        # (SampleWindow), or a list.
+        self.last_scrape: tuple[Shape, Values, Sequence[Sample]] | None = None
+        # derived_series()'s last answer: the derived series' names and own labels (without the
+        # target's labels), kept while equal.
+        self._derived: tuple[list[str], list[Labels]] = ([], [])
         # What the GPU join reads from a payload of the shape, found once per shape (only the
         # nvml job, one run at a time, touches it).
         self._gpu_plan: tuple[Shape | None, TritonGpuPlan] = (None, EMPTY_PLAN)
         # The shape's label tuples with the target's labels added, built once per shape.
         self._labeled: tuple[Shape | None, list[Labels]] = (None, [])
-        # stored_series()'s last answer: (shape, derived names, derived labels, names, labels).
-        self._stored: tuple[Shape, list[str], list[Labels], list[str], list[Labels]] | None = None
+        # stored_series()'s last answer: (shape, names, labels); the derived names and labels
+        # are their tail (not kept twice).
+        self._stored: tuple[Shape, list[str], list[Labels]] | None = None
         # Model configs as last written to the store: only changed ones are written again.
         self.written_configs: dict[str, dict[str, Any]] = {}
+
+    @property
+    def latest(self) -> list[Sample]:
+        """The derived SLIs of the last successful scrape (built on demand), for display."""
+        last = self.last_scrape
+        return [] if last is None else list(last[2])
+
+    def derived_series(self, names: list[str], labels: list[Labels]
+                       ) -> tuple[list[str], list[Labels]]:
+        """``(names, labels)``, or the equal lists of the last call (one pair kept per
+        target, not one per scrape)."""
+        if (names, labels) != self._derived:
+            self._derived = (names, labels)
+        return self._derived
 
     @property
     def latest_raw(self) -> list[Sample]:
@@ -133,7 +152,6 @@ class TargetState:
 
     def forget_scrape(self) -> None:
         """The target is down: its last scrape no longer describes it."""
-        self.latest = []
         self.last_scrape = None
         # The shape stays: when the target comes back, its first payload can still match it.
 
@@ -159,13 +177,15 @@ class TargetState:
         recognises the unchanged layout by identity.
         """
         cached = self._stored
-        if cached is not None and cached[0] is shape and cached[1] == names and (
-            cached[2] == labels
-        ):
-            return cached[3], cached[4]
-        stored = (shape.names + names, self.shape_labels(shape) + labels)
-        self._stored = (shape, names, labels, *stored)
-        return stored
+        if cached is not None and cached[0] is shape:
+            _, stored_names, stored_labels = cached
+            n = len(shape)
+            if (len(stored_names) == n + len(names) and stored_names[n:] == names
+                    and stored_labels[n:] == labels):
+                return stored_names, stored_labels
+        stored_names, stored_labels = shape.names + names, self.shape_labels(shape) + labels
+        self._stored = (shape, stored_names, stored_labels)
+        return stored_names, stored_labels
 
     def set_configs(self, configs: Mapping[str, ModelConfigInfo]) -> None:
         merged = dict(configs)

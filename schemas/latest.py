@@ -7,8 +7,11 @@ scrape of /metrics without touching the database.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
-from typing import NamedTuple
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, NamedTuple, overload
+
+import numpy as np
+import numpy.typing as npt
 
 from tritonwatch.schemas.samples import Labels, Sample
 
@@ -28,6 +31,62 @@ class LatestValue(NamedTuple):
     ts: float
 
 
+class SampleWindow(Sequence[Sample]):
+    """``names[i]{labels[i]} = values[i]`` for ``lo <= i < hi``, as a read-only sequence of
+    samples built on demand.
+
+    A scrape's derived series are kept until the next one (for /metrics, the GPU join and
+    display): as ``Sample`` objects that was ~140 tuples and floats per target, ~20 MB at
+    1,000 targets, while the same names and labels are already in the lists handed to the
+    store and the values in its array.  A window over those costs nothing more.  The lists and
+    the array are never mutated (the collector's convention for what it hands the store).
+    """
+
+    __slots__ = ("_hi", "_labels", "_lo", "_names", "_values")
+
+    def __init__(self, names: Sequence[str], labels: Sequence[Labels],
+                 values: npt.NDArray[np.float64], lo: int = 0, hi: int | None = None) -> None:
+        hi = len(values) if hi is None else hi
+        if not (0 <= lo <= hi <= len(values) and hi <= len(names) and hi <= len(labels)):
+            raise ValueError(f"SampleWindow: [{lo}, {hi}) outside {len(names)} names, "
+                             f"{len(labels)} label sets, {len(values)} values")
+        self._names, self._labels, self._values = names, labels, values
+        self._lo, self._hi = lo, hi
+
+    def __len__(self) -> int:
+        return self._hi - self._lo
+
+    @overload
+    def __getitem__(self, i: int) -> Sample: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[Sample]: ...
+    def __getitem__(self, i: int | slice) -> Sample | list[Sample]:
+        if isinstance(i, slice):
+            return list(self)[i]
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError("SampleWindow index out of range")
+        j = self._lo + (i % n)
+        return Sample(self._names[j], self._labels[j], float(self._values[j]))
+
+    def __iter__(self) -> Iterator[Sample]:
+        lo, hi = self._lo, self._hi
+        return map(Sample._make, zip(self._names[lo:hi], self._labels[lo:hi],
+                                     self._values[lo:hi].tolist(), strict=True))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, SampleWindow):
+            return list(self) == list(other)
+        if isinstance(other, list):
+            return list(self) == other
+        return NotImplemented
+
+    __hash__: Any = None
+
+    def __repr__(self) -> str:
+        return f"SampleWindow({list(self)!r})"
+
+
 class LatestValues:
     """The latest derived values of every source, kept in memory for /metrics.
 
@@ -39,12 +98,18 @@ class LatestValues:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._by_source: dict[tuple[str, str], tuple[float, list[Sample]]] = {}
+        self._by_source: dict[tuple[str, str], tuple[float, Sequence[Sample]]] = {}
 
     def put(self, target: str, source: str, ts: float, samples: Iterable[Sample]) -> None:
         kept = [s for s in samples if s.name.startswith(EXPORTED_PREFIXES)]
         with self._lock:
             self._by_source[(target, source)] = (ts, kept)
+
+    def put_window(self, target: str, source: str, ts: float, window: SampleWindow) -> None:
+        """:meth:`put` of a window's samples, kept as the window (no object per sample): the
+        names are filtered when read."""
+        with self._lock:
+            self._by_source[(target, source)] = (ts, window)
 
     def drop(self, target: str, source: str) -> None:
         with self._lock:
@@ -54,4 +119,5 @@ class LatestValues:
         with self._lock:
             entries = sorted(self._by_source.items())
         return [LatestValue(target, s.name, s.labels, s.value, ts)
-                for (target, _), (ts, samples) in entries for s in samples]
+                for (target, _), (ts, samples) in entries for s in samples
+                if type(samples) is list or s.name.startswith(EXPORTED_PREFIXES)]

@@ -148,8 +148,8 @@ class Layout:
     ``born`` is when the oldest of its ids was resolved (monotonic seconds).
     """
 
-    __slots__ = ("_by_name", "_codes", "_names", "born", "ids", "labels", "names", "refused",
-                 "target", "unresolved")
+    __slots__ = ("_by_name", "_codes", "born", "ids", "labels", "names", "refused", "target",
+                 "unresolved")
 
     BLOCK = 256
     ids: npt.NDArray[np.int64]
@@ -198,9 +198,12 @@ class Layout:
         #: by this layout).
         self.unresolved = int(np.count_nonzero(ids == UNRESOLVED))
         self.refused = int(np.count_nonzero(ids == REFUSED))
-        self._by_name: NameOrder | None = None
-        self._names: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], list[str]] | None = None
-        self._codes: tuple[npt.NDArray[np.int64], list[str]] | None = None
+        # What the flushes reuse, kept small: a fleet holds one layout per target (1,000 x 566
+        # series), so each int64 array kept per layout costs ~4.5 MB.  Positions and name codes
+        # are int32 (a layout never holds 2**31 series); the arrays derived from them and the
+        # ids (``ids[positions]``, the sorted ids) are rebuilt per flush, a few microseconds.
+        self._by_name: npt.NDArray[np.int32] | None = None
+        self._codes: tuple[npt.NDArray[np.int32], list[str]] | None = None
 
     def same(self, names: list[str], labels: list[Labels]) -> bool:
         # Identity first: list equality walks every item even for the list itself.
@@ -222,52 +225,51 @@ class Layout:
         self.unresolved = int(np.count_nonzero(self.ids == UNRESOLVED))
         self.refused = int(np.count_nonzero(self.ids == REFUSED))
         self._by_name = None
-        self._names = None
 
-    def name_codes(self) -> tuple[npt.NDArray[np.int64], list[str]]:
+    def name_codes(self) -> tuple[npt.NDArray[np.int32], list[str]]:
         """``(codes, names)``: each position's name as an index in ``names`` (the distinct
         names, in order of first appearance).  Kept: a layout's names never change."""
         if self._codes is None:
             index: dict[str, int] = {}
             codes = np.fromiter(
                 (index.setdefault(name, len(index)) for name in self.names),
-                np.int64, len(self.names),
+                np.int32, len(self.names),
             )
             self._codes = codes, list(index)
         return self._codes
 
     def name_index(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], list[str]]:
         """``(ids, codes, names)``: the ids in ascending order, and for each the index in
-        ``names`` of its series' name.  Kept until the ids change."""
-        if self._names is None:
-            codes, names = self.name_codes()
-            order = np.argsort(self.ids, kind="stable")
-            self._names = (self.ids[order], codes[order], names)
-        return self._names
+        ``names`` of its series' name.  Built per call (only a flush that cannot take
+        :meth:`name_order` asks)."""
+        codes, names = self.name_codes()
+        order = np.argsort(self.ids, kind="stable")
+        return self.ids[order], codes[order].astype(np.int64), names
 
     def name_order(self) -> NameOrder | None:
         """The positions grouped by name, in ascending id order within a name (what a flush's
         log rows, one per name, want), or None when two positions share an id (a series
-        listed twice).  Kept until the ids change."""
-        if self._by_name is None:
+        listed twice).  The grouping is kept until the ids change."""
+        positions = self._by_name
+        if positions is None:
             ids = np.sort(self.ids)
             if ((ids[1:] == ids[:-1]) & (ids[1:] >= 0)).any():
-                self._by_name = NameOrder(np.empty(0, np.int64), np.empty(0, np.int64),
-                                          np.empty(0, np.int64), [])
+                positions = np.empty(0, np.int32)
             else:
-                codes, names = self.name_codes()
-                order = np.lexsort((self.ids, codes))
-                target = self.target
-                self._by_name = NameOrder(order, self.ids[order], codes[order],
-                                          [(target, name) for name in names])
-        by_name = self._by_name
-        return by_name if len(by_name.positions) == len(self.ids) else None
+                positions = np.lexsort((self.ids, self.name_codes()[0])).astype(np.int32)
+            self._by_name = positions
+        if len(positions) != len(self.ids):
+            return None
+        codes, names = self.name_codes()
+        target = self.target
+        return NameOrder(positions, self.ids[positions], codes[positions].astype(np.int64),
+                         [(target, name) for name in names])
 
 
 class NameOrder(NamedTuple):
     """A layout's positions grouped by name (:meth:`Layout.name_order`)."""
 
-    positions: npt.NDArray[np.int64]
+    positions: npt.NDArray[np.int32]
     ids: npt.NDArray[np.int64]  # the ids at ``positions``
     codes: npt.NDArray[np.int64]  # their names, as indices in ``keys``
     keys: list[tuple[str, str]]  # (target, name)

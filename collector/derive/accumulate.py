@@ -62,7 +62,9 @@ if TYPE_CHECKING:
     from tritonwatch.collector.shape import Shape, Values
 
 _Floats = npt.NDArray[np.float64]
-_Ints = npt.NDArray[np.intp]
+# Index arrays are int32: a payload never holds 2**31 series, and a fleet keeps a plan per
+# target (half the memory of intp for the same indexing).
+_Ints = npt.NDArray[np.int32]
 _Bools = npt.NDArray[np.bool_]
 EnergyState = dict[StateKey, tuple[float, float]]
 
@@ -100,7 +102,7 @@ class Gathered:
 
 
 def _ints(items: list[int]) -> _Ints:
-    return np.array(items, dtype=np.intp)
+    return np.array(items, dtype=np.int32)
 
 
 def _first_seen_order(ids: _Ints) -> list[int]:
@@ -148,12 +150,12 @@ class Plan:
         "m_gauge",
         "m_idx",
         "m_seen",
+        "n_states",
         "present",
         "seen_keys",
         "seen_static",
         "shape",
         "slot_keys",
-        "u_keys",
     )
 
     def __init__(self, shape: Shape, source: int) -> None:
@@ -232,34 +234,57 @@ class Plan:
                 c_slot.append(slots.setdefault(slot_key, len(slots)))
 
         self.present = present
-        self.gpu_idx = _ints(gpu_idx)
-        self.energy_idx = _ints(energy_idx)
-        self.m_idx = _ints(m_idx)
-        self.m_acc = _ints(m_acc)
-        self.m_seen = _ints(m_seen)
-        self.c_pos = _ints(c_pos)
-        self.c_u = _ints(c_u)
-        self.c_scale = np.array(c_scale, dtype=np.float64)
-        self.c_slot = _ints(c_slot)
-        self.c_acc = self.m_acc[self.c_pos]
-        self.g_pos = _ints(g_pos)
-        self.g_slot = _ints(g_slot)
-        self.m_gauge = np.zeros(len(m_idx), dtype=np.bool_)
-        self.m_gauge[self.g_pos] = True
+        # The arrays (read-only from here on) are shared between equal plans: the servers of a
+        # deployment list the same series in the same order, so a fleet's plans are mostly
+        # alike (_shared_array).
+        self.gpu_idx = _shared_array(_ints(gpu_idx))
+        self.energy_idx = _shared_array(_ints(energy_idx))
+        self.m_idx = _shared_array(_ints(m_idx))
+        m_acc_array = _ints(m_acc)
+        self.m_acc = _shared_array(m_acc_array)
+        self.m_seen = _shared_array(_ints(m_seen))
+        c_pos_array = _ints(c_pos)
+        self.c_pos = _shared_array(c_pos_array)
+        self.c_u = _shared_array(_ints(c_u))
+        self.c_scale = _shared_array(np.array(c_scale, dtype=np.float64))
+        self.c_slot = _shared_array(_ints(c_slot))
+        self.c_acc = _shared_array(m_acc_array[c_pos_array])
+        g_pos_array = _ints(g_pos)
+        self.g_pos = _shared_array(g_pos_array)
+        self.g_slot = _shared_array(_ints(g_slot))
+        m_gauge = np.zeros(len(m_idx), dtype=np.bool_)
+        m_gauge[g_pos_array] = True
+        self.m_gauge = _shared_array(m_gauge)
         self.has_dups = len(states) < len(c_u)
         self.has_none_slots = -1 in c_slot
-        self.acc_keys: list[ModelKey] = list(accs)
-        # Shared between the plans of a fleet (_shared): these keys hold accumulator numbers
-        # and field names only, the same few hundred on every server of a deployment.
-        self.seen_keys: list[tuple[int, str]] = _shared_all(seen)
+        self.acc_keys: tuple[ModelKey, ...] = _shared(tuple(accs))
+        # Shared between the plans of a fleet (_shared), each key and the whole sequence: these
+        # keys hold accumulator numbers and field names only, the same few hundred on every
+        # server of a deployment.
+        self.seen_keys: tuple[tuple[int, str], ...] = _shared(tuple(_shared_all(seen)))
         # (acc, part, key, index)
-        self.slot_keys: list[tuple[int, int, str, int]] = _shared_all(slots)
-        self.gauge_keys: list[tuple[int, str]] = _shared_all(gauges)
-        self.u_keys: list[StateKey] = list(states)
+        self.slot_keys: tuple[tuple[int, int, str, int], ...] = _shared(
+            tuple(_shared_all(slots)))
+        self.gauge_keys: tuple[tuple[int, str], ...] = _shared(tuple(_shared_all(gauges)))
+        # The state keys themselves are not kept (~150 tuples per target): only a new shape
+        # needs them, to carry the baselines over (state_keys()).
+        self.n_states = len(states)
         seen_static: list[set[str]] = [set() for _ in accs]
         for acc, fld in seen:
             seen_static[acc].add(fld)
-        self.seen_static = [_shared(frozenset(fields)) for fields in seen_static]
+        self.seen_static = _shared(tuple(_shared(frozenset(fields)) for fields in seen_static))
+
+
+    def state_keys(self) -> list[StateKey]:
+        """The state key of each state number ``u``: ``(role key, labels)`` of its first
+        counter entry, rebuilt from the shape (state numbers are given in order of first
+        appearance, so the first entry of ``u`` comes before that of ``u + 1``)."""
+        if not self.n_states:
+            return []
+        _, first = np.unique(self.c_u, return_index=True)
+        positions = self.m_idx[self.c_pos[first]].tolist()
+        names, labels, roles = self.shape.names, self.shape.labels, ROLES
+        return [(roles[names[i]].key, labels[i]) for i in positions]
 
 
 _K = TypeVar("_K")
@@ -279,6 +304,34 @@ def _shared(key: _K) -> _K:
 
 def _shared_all(keys: Iterable[_K]) -> list[_K]:
     return [_shared(k) for k in keys]
+
+
+#: Equal plan arrays, one read-only copy for all the targets (keyed by dtype and contents),
+#: bounded in entries and bytes like _SHARED: past the bound new arrays are simply not shared.
+_SHARED_ARRAYS: dict[tuple[str, bytes], npt.NDArray[Any]] = {}
+_SHARED_ARRAYS_MAX = 20_000
+_SHARED_ARRAYS_BYTES_MAX = 64 * 1024 * 1024
+_shared_arrays_bytes = [0]
+
+_A = TypeVar("_A", bound="npt.NDArray[Any]")
+
+
+def _shared_array(array: _A) -> _A:
+    """The read-only array equal to ``array`` (same dtype and contents) kept for the fleet."""
+    key = (array.dtype.str, array.tobytes())
+    found = _SHARED_ARRAYS.get(key)
+    if found is not None:
+        return found  # type: ignore[return-value]
+    if len(_SHARED_ARRAYS) < _SHARED_ARRAYS_MAX and (
+        _shared_arrays_bytes[0] + array.nbytes <= _SHARED_ARRAYS_BYTES_MAX
+    ):
+        # A view of the key's bytes (read-only): the contents are held once.
+        shared = np.frombuffer(key[1], array.dtype)
+        _shared_arrays_bytes[0] += array.nbytes
+        _SHARED_ARRAYS[key] = shared
+        return shared  # type: ignore[return-value]
+    array.flags.writeable = False
+    return array
 
 
 class SourceEngine:
@@ -324,15 +377,16 @@ class SourceEngine:
         return probe
 
     def _carry_over(self, plan: Plan) -> None:
-        n = len(plan.u_keys)
+        n = plan.n_states
         has = np.zeros(n, dtype=np.bool_)
         ts = np.zeros(n, dtype=np.float64)
         value = np.zeros(n, dtype=np.float64)
         old = self.plan
         if old is not None and self.has.any():
             old_ts, old_value = self.ts.tolist(), self.value.tolist()
-            index = {old.u_keys[u]: u for u in np.flatnonzero(self.has).tolist()}
-            for u, skey in enumerate(plan.u_keys):
+            old_keys = old.state_keys()
+            index = {old_keys[u]: u for u in np.flatnonzero(self.has).tolist()}
+            for u, skey in enumerate(plan.state_keys()):
                 j = index.get(skey)
                 if j is not None:
                     has[u] = True
@@ -448,7 +502,7 @@ class SourceEngine:
             self.has = np.ones(len(u), dtype=np.bool_)
             self.ts, self.value = kept_ts, kept_value
         else:
-            n = len(plan.u_keys)
+            n = plan.n_states
             self.has = np.zeros(n, dtype=np.bool_)
             self.ts = np.zeros(n, dtype=np.float64)
             self.value = np.zeros(n, dtype=np.float64)

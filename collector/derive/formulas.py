@@ -139,9 +139,12 @@ def ratio(num: float | None, den: float | None) -> float | None:
 
 def model_labels(key: ModelKey) -> Labels:
     model, version, namespace = key
+    # make_labels: one shared tuple per label set (bounded), not a new one per model per
+    # scrape kept alive by the last scrape's derived samples (~40 per target).  The pairs are
+    # given sorted already, so the canonical tuple is this one.
     if namespace is None:
-        return (("model", model), ("version", version))
-    return (("model", model), ("namespace", namespace), ("version", version))
+        return make_labels((("model", model), ("version", version)))
+    return make_labels((("model", model), ("namespace", namespace), ("version", version)))
 
 
 def is_ensemble(config: ModelConfigInfo | None) -> bool:
@@ -162,7 +165,7 @@ def gpu_slis(gpus: dict[str, dict[str, float]], samples: list[Sample]) -> set[st
         if not any(g.values()):
             failed.add(gpu)
             continue
-        out = SeriesOut((("gpu_uuid", gpu),), samples)
+        out = SeriesOut(make_labels((("gpu_uuid", gpu),)), samples)
         out.emit("sli:gpu_utilization", g.get("util"))
         out.emit("sli:gpu_memory_used_ratio", ratio(g.get("mem_used"), g.get("mem_total")))
         power = g.get("power")

@@ -282,3 +282,58 @@ def test_families_the_deriver_does_not_read_are_skipped_whole():
     out = d.derive(Snapshot("t", 10.0, (*snap(0.0, core(**KW1)).families, extra)), CONFIGS)
     assert get(out, "sli:request_rate", **M1) == 4.0
     assert all(s.name.startswith("sli:") for s in out)
+
+
+def test_a_plan_rebuilds_its_state_keys_from_its_shape():
+    # Plans no longer keep their state keys; the ones rebuilt from the shape must be what the
+    # plan numbered its counter states by: (role key, labels) in order of first appearance.
+    from tritonwatch.collector.derive.accumulate import Plan
+    from tritonwatch.collector.derive.catalog import METRICS, ROLES
+
+    families = list(snap(0.0, core(**KW0) + core(**KW0, labels={"model": "b", "version": "2"})
+                         ).families)
+    # A series listed twice shares its state with the first copy.
+    families.append(families[0])
+    shape, _ = columns(families)
+    plan = Plan(shape, METRICS)
+    expected: dict[object, int] = {}
+    for i in plan.m_idx[plan.c_pos].tolist():
+        expected.setdefault((ROLES[shape.names[i]].key, shape.labels[i]), len(expected))
+    assert plan.n_states == len(expected) > 0 and plan.has_dups
+    assert plan.state_keys() == list(expected)
+    assert plan.c_u.tolist() == [expected[(ROLES[shape.names[i]].key, shape.labels[i])]
+                                 for i in plan.m_idx[plan.c_pos].tolist()]
+
+
+def test_model_and_gpu_labels_of_derived_samples_are_shared_between_scrapes():
+    d = Deriver("t")
+    fams = list(snap(0.0, core(**KW0)).families)
+    d.derive_columns(*columns(fams), 0.0, CONFIGS)
+    one = d.derive_columns(*columns(list(snap(0.0, core(**KW1)).families)), 10.0, CONFIGS)
+    two = d.derive_columns(*columns(list(snap(0.0, core(**KW1)).families)), 20.0, CONFIGS)
+    firsts = [s.labels for s in one if len(s.labels) == 2]  # the model's own labels
+    seconds = [s.labels for s in two if len(s.labels) == 2]
+    assert firsts and seconds and firsts[0] == seconds[0]
+    assert all(labels is firsts[0] for labels in firsts + seconds)  # one tuple, every scrape
+
+
+def test_equal_plans_share_read_only_arrays_and_keys_and_derive_alike():
+    # Two targets with the same structure: one copy of the plan's arrays and keys between
+    # them, never written to, and each target's own baselines still apart.
+    from tritonwatch.collector.derive.accumulate import Plan
+    from tritonwatch.collector.derive.catalog import METRICS
+
+    fams = list(snap(0.0, core(**KW0)).families)
+    a, b = Plan(columns(fams)[0], METRICS), Plan(columns(fams)[0], METRICS)
+    for name in ("m_idx", "m_acc", "c_pos", "c_u", "c_slot", "c_scale", "c_acc", "m_gauge"):
+        arr = getattr(a, name)
+        assert arr is getattr(b, name) and not arr.flags.writeable, name
+    assert a.slot_keys is b.slot_keys and a.seen_static is b.seen_static
+    d1, d2 = Deriver("t1"), Deriver("t2")
+    d1.derive_columns(*columns(fams), 0.0, CONFIGS)
+    d2.derive_columns(*columns(list(snap(0.0, core(**KW1)).families)), 0.0, CONFIGS)
+    later = list(snap(0.0, core(**KW1)).families)
+    out1 = d1.derive_columns(*columns(later), 10.0, CONFIGS)
+    out2 = d2.derive_columns(*columns(later), 10.0, CONFIGS)
+    assert get(out1, "sli:request_rate", **M1) == (KW1["success"] - KW0["success"]) / 10
+    assert get(out2, "sli:request_rate", **M1) == 0.0

@@ -217,3 +217,21 @@ def test_hypothesis_any_second_payload(first, second):
     shape = assert_columns_match(first, None)
     assert_columns_match(second, shape)
     assert_columns_match(second, settled(first))
+
+
+def test_equal_structures_share_their_parts_and_still_tell_lengths_apart():
+    # Two servers of one deployment (the same lines up to values): their shapes hold one copy
+    # of the spans, masks, comment tokens and skeleton lengths between them.
+    text = triton_payload(models=3, gpus=2, seed=1)
+    a = settled(text)
+    b = settled(with_values(text, ["7"] * 3))
+    assert a is not b and a.spans is b.spans
+    ma, mb = a._matcher, b._matcher
+    assert ma is not None and mb is not None
+    assert ma.lengths is mb.lengths and ma.comment_tokens is mb.comment_tokens
+    assert ma.value_mask is mb.value_mask and ma.comment_mask is mb.comment_mask
+    # A label value of another length (same line count, same tokens) is another structure.
+    longer = text.replace('model="', 'model="x', 1)
+    assert longer.count("\n") == text.count("\n")
+    got = assert_columns_match(longer, a)
+    assert got is not a

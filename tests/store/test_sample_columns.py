@@ -212,3 +212,37 @@ def test_a_flush_in_small_groups_stores_what_one_group_does(
     # leave a few without any value, hence without a row.
     assert 25 <= len(want) <= 31
     assert got == want
+
+
+def test_name_order_is_rebuilt_from_the_kept_grouping_and_follows_filled_ids() -> None:
+    # The layout keeps only the grouping (int32 positions) and the name codes; the ids, codes
+    # and keys of each answer are derived from them, so they follow a fill() of new ids.
+    names = ["b", "a", "b", "a", "c"]
+    labels = [make_labels({"i": str(i)}) for i in range(len(names))]
+    lay = Layout("t", names, labels, now=0.0)
+    lay.ids = np.array([5, 9, 2, 7, -1], np.int64)
+    lay.unresolved = 1
+    first = lay.name_order()
+    assert first is not None
+    # Grouped by name in first-seen order ("b", "a", "c"), ascending ids within a name.
+    assert first.positions.tolist() == [2, 0, 3, 1, 4]
+    assert first.ids.tolist() == lay.ids[first.positions].tolist()
+    _codes, distinct = lay.name_codes()
+    assert distinct == ["b", "a", "c"]
+    assert [distinct[c] for c in first.codes.tolist()] == [names[p] for p in first.positions]
+    assert first.keys == [("t", "b"), ("t", "a"), ("t", "c")]
+    assert first.codes.dtype == np.int64 and first.ids.dtype == np.int64
+    lay.fill({("t", "c", labels[4]): 1})
+    again = lay.name_order()
+    assert again is not None
+    assert again.ids.tolist() == lay.ids[again.positions].tolist()
+    assert 1 in again.ids.tolist()
+    ids, codes_by_id, index_names = lay.name_index()
+    assert ids.tolist() == sorted(lay.ids.tolist())
+    assert [index_names[c] for c in codes_by_id.tolist()] == [
+        names[int(np.flatnonzero(lay.ids == i)[0])] for i in ids.tolist()]
+
+
+def test_name_order_declines_a_series_listed_twice() -> None:
+    lay = layout("t", [3, 4, 3])
+    assert lay.name_order() is None
