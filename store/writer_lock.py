@@ -170,12 +170,7 @@ class _AdvisoryLock:
         if self._conn is not None:
             import psycopg
 
-            # Unlocked before closing: the server drops a session's advisory locks only when
-            # its backend has ended, which may be after close() returns, so a collector
-            # restarted at once (or a test taking the lock again) found it still held
-            # ("holder unknown": the ending backend no longer listed).
-            with contextlib.suppress(psycopg.Error):
-                self._conn.execute("SELECT pg_advisory_unlock(%s)", (PG_LOCK_WRITER,))
+            # The server drops a session's advisory locks when it ends.
             with contextlib.suppress(psycopg.Error):
                 self._conn.close()
             self._conn = None
