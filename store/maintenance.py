@@ -217,7 +217,7 @@ def rewind_watermarks(conn: Connection, oldest_ms: int) -> int | None:
     wm_5m = marks.get(WATERMARK_5M)
     if wm_5m is None or oldest_ms >= wm_5m:
         return None  # no rollup yet (the first one starts at the oldest sample), or not late
-    target = max(_floor(oldest_ms, ROLLUP_5M_MS), int_meta(conn, HORIZON_RAW) or 0)
+    target = max(_floor(oldest_ms, ROLLUP_5M_MS), marks.get(HORIZON_RAW, 0))
     if target >= wm_5m:
         return None  # older than raw retention: those buckets are never summarised again
     set_meta(conn, WATERMARK_5M, str(target))
