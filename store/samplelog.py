@@ -407,24 +407,6 @@ def record_flush(conn: Connection, seq: int, start_ms: int, end_ms: int) -> None
     conn.execute(t.sample_log_flushes.insert().values(seq=seq, start_ms=start_ms, end_ms=end_ms))
 
 
-def flushes(
-    conn: Connection, *, lo_ms: int | None = None, hi_ms: int | None = None,
-    before_ms: int | None = None,
-) -> list[int]:
-    """The ``seq`` of each flush with rows in the log, in order; with ``lo_ms`` and ``hi_ms``
-    only of those whose samples overlap ``[lo_ms, hi_ms]``; with ``before_ms``, of those with
-    samples before it."""
-    f = t.sample_log_flushes.c
-    query = select(f.seq).order_by(f.seq)
-    if before_ms is not None:
-        query = query.where(f.start_ms < before_ms)
-    if lo_ms is not None:
-        query = query.where(f.end_ms >= lo_ms)
-    if hi_ms is not None:
-        query = query.where(f.start_ms <= hi_ms)
-    return list(conn.execute(query).scalars())
-
-
 def _owned_rows(ids: Sequence[int], lo_ms: int, hi_ms: int, *cols: Any) -> Any:
     """``SELECT cols`` of the log rows of the targets and names of the series ``ids`` that
     overlap ``[lo_ms, hi_ms]``.
