@@ -67,6 +67,10 @@ HEALTH_ERROR_MAX = 500
 #: The same kind of log line about one target (down, back up, series refused) or one failing
 #: job is written at most once per this many seconds; the next says how many were held back.
 LOG_REPEAT_S = 300.0
+#: Retention runs at most this often (maintenance itself runs every 5 minutes).  It walks every
+#: series of every table even when nothing has aged out: at 1,000 targets that was 11.5 s of
+#: CPU each run, 4 % of a core for deletes that, against retentions of days, can wait an hour.
+RETENTION_EVERY_S = 3600.0
 
 
 def stagger_offset(name: str, interval: float) -> float:
@@ -100,6 +104,7 @@ class Collector:
         #: Targets read at once on takeover: monotonic start, so the next staggered run
         #: does not read them again a moment later.
         self._read_now: dict[str, float] = {}
+        self._retention_at: float | None = None  # clock() of the last retention run
         self.clock = clock
         self.metrics = metrics or SelfMetrics()
         self.targets = {t.name: TargetState(t, config) for t in config.targets}
@@ -448,13 +453,17 @@ class Collector:
             raise
 
     async def maintain(self) -> None:
-        """Rollups, then retention; both run in a worker thread and in bounded batches, and
-        stop at a batch boundary once shutdown has begun (``Store.maintenance.request_stop``)."""
+        """Rollups, then retention (at most every :data:`RETENTION_EVERY_S`); both run in a
+        worker thread and in bounded batches, and stop at a batch boundary once shutdown has
+        begun (``Store.maintenance.request_stop``)."""
         now = self.clock()
         retention = self.config.store.retention
         await asyncio.to_thread(self.store.maintenance.rollup, now)
         if self.store.maintenance.stopping:
             return  # shutting down: retention waits for the next start
+        if self._retention_at is not None and now - self._retention_at < RETENTION_EVERY_S:
+            return
+        self._retention_at = now
         await asyncio.to_thread(
             self.store.maintenance.apply_retention, now, raw_s=retention.raw,
             rollup_5m_s=retention.rollup_5m, rollup_1h_s=retention.rollup_1h,

@@ -555,3 +555,38 @@ def test_a_huge_slow_path_body_does_not_delay_other_targets(
     assert scrapes_during >= int((ended - began) / 2), (scrapes_during, ended - began, stall)
     (up,) = store.read(Query("up", start=0, end=time.time() + 10, target="good")).series()
     assert sum(up.values) > len(up.values) / 2, up.values
+
+
+def test_maintenance_runs_retention_at_most_once_an_hour(store, monkeypatch):
+    # Retention walks every series of every table even when nothing is old: it runs at the
+    # first maintenance, then once RETENTION_EVERY_S has passed (rollups every time).
+    from tritonwatch.collector.jobs import RETENTION_EVERY_S
+
+    config = validate_config({"targets": [{"name": "a", "metrics_url": "http://127.0.0.1:9/m"}]})
+    now = [1_000_000.0]
+    collector = Collector(config, store, clock=lambda: now[0])
+    calls = {"rollup": [], "retention": []}
+    real_rollup = store.maintenance.rollup
+    real_retention = store.maintenance.apply_retention
+
+    def rollup(at, *args, **kwargs):
+        calls["rollup"].append(at)
+        return real_rollup(at, *args, **kwargs)
+
+    def retention(at, **kwargs):
+        calls["retention"].append(at)
+        return real_retention(at, **kwargs)
+
+    monkeypatch.setattr(store.maintenance, "rollup", rollup)
+    monkeypatch.setattr(store.maintenance, "apply_retention", retention)
+
+    async def go():
+        hour = RETENTION_EVERY_S
+        for offset in (0.0, 300.0, hour - 1, hour, hour + 300):
+            now[0] = 1_000_000.0 + offset
+            await collector.maintain()
+        await collector.close()
+
+    asyncio.run(go())
+    assert len(calls["rollup"]) == 5
+    assert calls["retention"] == [1_000_000.0, 1_000_000.0 + RETENTION_EVERY_S]
