@@ -37,6 +37,7 @@ from tritonwatch.store.chunks import (
     unpack_timestamps,
 )
 from tritonwatch.store.errors import LimitExceeded
+from tritonwatch.store.id_lists import in_ids
 from tritonwatch.store.values import SeriesColumns, SeriesKey
 
 Agg = Literal["avg", "min", "max", "sum", "count", "last"]
@@ -205,7 +206,7 @@ def raw_samples(conn: Connection, ids: Sequence[int], *, lo_ms: int, hi_ms: int)
     logged = samplelog.read(conn, ids, lo_ms=lo_ms, hi_ms=hi_ms)
     c = t.sample_chunks.c
     query = select(c.series_id, c.start_ms, c.seq, c.n, c.data).where(
-        c.series_id.in_(ids),
+        in_ids(conn, c.series_id, ids),
         c.start_ms >= span_start(lo_ms),
         c.start_ms <= hi_ms,
         c.end_ms >= lo_ms,
@@ -462,7 +463,7 @@ def read_rollups(
     bucket kept (``store.rollup_chunks``)."""
     c = table.c
     rows = conn.execute(select(c.series_id, c.start_ms, c.seq, c.n, c.end_ms, c.data).where(
-        c.series_id.in_(ids),
+        in_ids(conn, c.series_id, ids),
         c.start_ms >= rollup_chunks.window_start(lo_ms, res),
         c.start_ms <= hi_ms,
         c.end_ms >= lo_ms,
@@ -570,7 +571,7 @@ def count_rows(conn: Connection, table: Table, ids: list[int], *, lo_ms: int, hi
     if table is t.sample_chunks:
         c = table.c
         stmt = select(_total(c.n)).where(
-            c.series_id.in_(ids),
+            in_ids(conn, c.series_id, ids),
             c.start_ms >= span_start(lo_ms),
             c.start_ms <= hi_ms,
             c.end_ms >= lo_ms,
@@ -581,7 +582,7 @@ def count_rows(conn: Connection, table: Table, ids: list[int], *, lo_ms: int, hi
     res = ROLLUP_1H_MS if table is t.rollup_chunks_1h else ROLLUP_5M_MS
     c = table.c
     stmt = select(_total(c.n)).where(
-        c.series_id.in_(ids),
+        in_ids(conn, c.series_id, ids),
         c.start_ms >= rollup_chunks.window_start(lo_ms, res),
         c.start_ms <= hi_ms,
         c.end_ms >= lo_ms,

@@ -75,6 +75,7 @@ from tritonwatch.store.chunks import (
     window_start,
 )
 from tritonwatch.store.engine import transaction
+from tritonwatch.store.id_lists import in_ids
 from tritonwatch.store.write import (
     PG_COPY_HEADER,
     PG_COPY_TRAILER,
@@ -407,7 +408,9 @@ def record_flush(conn: Connection, seq: int, start_ms: int, end_ms: int) -> None
     conn.execute(t.sample_log_flushes.insert().values(seq=seq, start_ms=start_ms, end_ms=end_ms))
 
 
-def _owned_rows(ids: Sequence[int], lo_ms: int, hi_ms: int, *cols: Any) -> Any:
+def _owned_rows(
+    conn: Connection, ids: Sequence[int], lo_ms: int, hi_ms: int, *cols: Any
+) -> Any:
     """``SELECT cols`` of the log rows of the targets and names of the series ``ids`` that
     overlap ``[lo_ms, hi_ms]``.
 
@@ -418,7 +421,7 @@ def _owned_rows(ids: Sequence[int], lo_ms: int, hi_ms: int, *cols: Any) -> Any:
     some 5 ms a read)."""
     c, s, f = t.sample_log.c, t.series.c, t.sample_log_flushes.c
     seqs = select(f.seq).where(f.end_ms >= lo_ms, f.start_ms <= hi_ms)
-    owners = select(s.target, s.name).where(s.id.in_(ids)).distinct()
+    owners = select(s.target, s.name).where(in_ids(conn, s.id, ids)).distinct()
     return select(*cols).where(
         c.seq.in_(seqs), tuple_(c.target, c.name).in_(owners), c.end_ms >= lo_ms,
         c.start_ms <= hi_ms,
@@ -432,7 +435,7 @@ def read(conn: Connection, ids: Sequence[int], *, lo_ms: int, hi_ms: int) -> Col
     c = t.sample_log.c
     rows: Sequence[Any] = []
     if ids:
-        rows = conn.execute(_owned_rows(ids, lo_ms, hi_ms, c.seq, c.data)).all()
+        rows = conn.execute(_owned_rows(conn, ids, lo_ms, hi_ms, c.seq, c.data)).all()
     return select_samples(
         [r[0] for r in rows], [bytes(r[1]) for r in rows], np.asarray(ids, np.int64),
         lo_ms=lo_ms, hi_ms=hi_ms,
@@ -444,7 +447,7 @@ def count_read(conn: Connection, ids: Sequence[int], *, lo_ms: int, hi_ms: int) 
     every series of the targets and names of ``ids``)."""
     if not ids:
         return 0
-    query = _owned_rows(ids, lo_ms, hi_ms, func.sum(t.sample_log.c.n))
+    query = _owned_rows(conn, ids, lo_ms, hi_ms, func.sum(t.sample_log.c.n))
     return int(conn.execute(query).scalar_one_or_none() or 0)
 
 
