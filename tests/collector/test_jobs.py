@@ -565,7 +565,7 @@ def test_maintenance_runs_retention_at_most_once_an_hour(store, monkeypatch):
     config = validate_config({"targets": [{"name": "a", "metrics_url": "http://127.0.0.1:9/m"}]})
     now = [1_000_000.0]
     collector = Collector(config, store, clock=lambda: now[0])
-    calls = {"rollup": [], "retention": []}
+    calls: dict[str, list[float]] = {"rollup": [], "retention": []}
     real_rollup = store.maintenance.rollup
     real_retention = store.maintenance.apply_retention
 
