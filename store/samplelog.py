@@ -46,7 +46,7 @@ from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from itertools import repeat
 from operator import itemgetter
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -88,14 +88,15 @@ from tritonwatch.store.write import (
 
 log = logging.getLogger(__name__)
 
-#: Samples moved into chunks per transaction (whole log rows' (target, name) pairs; one larger
-#: pair goes alone): about 200 bytes of transient memory each (measured at 1,000 targets: 1 << 18
-#: of them raised the collector's peak RSS by 50 MB).  Grouped by whole targets, one target
-#: holding every GPU series of a fleet's NVML host (2,000 GPUs) moved 6.8 M samples at once:
-#: the collector's RSS went from 350 to 618 MiB for a few seconds every hour.
+#: Samples moved into chunks per transaction (whole targets, or a large target's whole names;
+#: one larger target or name goes alone): about 200 bytes of transient memory each (measured
+#: at 1,000 targets: 1 << 18 of them raised the collector's peak RSS by 50 MB).
 TRANSPOSE_SAMPLES = 1 << 16
-#: (target, name) pairs per statement where a list of them is bound (two parameters each).
-_PAIRS_PER_STATEMENT = 500
+#: A target holding more than this many times :data:`TRANSPOSE_SAMPLES` is moved a few names
+#: at a time; a smaller one whole.  Moved whole, the NVML host's target (which holds the GPU
+#: series joined across a fleet: 6.8 M samples an hour at 1,000 targets) took the collector
+#: from 350 to 618 MiB every hour.
+TRANSPOSE_WHOLE = 4
 
 #: The log is moved an hour at a time (``store.chunks.WINDOW_MS``), this long after the hour
 #: ends (late samples of the hour still reach it first; compaction, which merges a window's
@@ -494,16 +495,16 @@ def transpose(
 ) -> int:
     """Move the log's rows that end before ``before_ms`` (maintenance: :func:`move_before`;
     retention: :func:`hours_through` its raw cutoff; without it: every row) into
-    ``sample_chunks``, compressed, a group of (target, name) pairs at a time; returns samples
-    moved.
+    ``sample_chunks``, compressed, a group of targets (or of a large target's names) at a
+    time; returns samples moved.
 
     What moves is every row of those hours: a flush writes a row per hour it has samples of
     (:func:`log_rows`), so every sample of a (series, ts) moves at once and the last-write
     rule orders the moved chunks as it ordered their rows (the module docstring).  The flushes
     are listed once, under the rollup lock (every flush that has taken its ``seq`` has
     committed); then each transaction writes the chunks of up to :data:`TRANSPOSE_SAMPLES`
-    samples' worth of (target, name) pairs, the rows' keys (one larger pair goes alone), and
-    a last one deletes all the rows moved at once.
+    samples' worth of whole targets, or of a large target's names (:func:`_groups`), and a
+    last one deletes all the rows moved at once.
 
     Why the rows are deleted last.  Deleted with their group, a target's rows were a few
     scattered in every flush of the hour, so each group's transaction rewrote nearly every
@@ -532,26 +533,12 @@ def transpose(
     # appended later take higher seqs).  A subquery, so that each statement below compiles
     # once, whatever the number of flushes.
     seqs = select(f.seq).where(f.start_ms < cutoff, f.seq <= top).scalar_subquery()
-    with transaction(engine, write=False) as conn:  # a scan of the hour: not under the lock
-        sizes = conn.execute(
-            select(c.target, c.name, func.sum(c.n)).where(c.seq.in_(seqs), c.end_ms < cutoff)
-            .group_by(c.target, c.name).order_by(c.target, c.name)
-        ).all()
-    groups: list[list[tuple[str, str]]] = [[]]
-    size = 0
-    for target, name, n in sizes:
-        if size >= TRANSPOSE_SAMPLES:
-            groups.append([])
-            size = 0
-        groups[-1].append((target, name))
-        size += int(n)
+    groups = _groups(engine, seqs, cutoff)
     moved = 0
-    done: list[tuple[str, str]] = []
+    done: list[_Group] = []
     for group in groups:
         if stop():
             break
-        if not group:
-            continue
         try:
             with gate, transaction(engine, write=True) as conn:
                 _lock(conn)
@@ -564,14 +551,13 @@ def transpose(
                 _lock(conn)
                 _drop_damaged(conn, seqs, cutoff, group)
                 moved += _move(conn, seqs, cutoff, group, redo=redo)
-        done += group
+        done.append(group)
     with gate, transaction(engine, write=True) as conn:
         _lock(conn)
-        if len(done) < len(sizes):  # stopped early: the groups done only
-            for lo in range(0, len(done), _PAIRS_PER_STATEMENT):
+        if len(done) < len(groups):  # stopped early: the groups done only
+            for group in done:
                 conn.execute(delete(t.sample_log).where(
-                    c.seq.in_(seqs), c.end_ms < cutoff,
-                    _of_pairs(done[lo : lo + _PAIRS_PER_STATEMENT])))
+                    c.seq.in_(seqs), c.end_ms < cutoff, group.rows()))
         elif conn.dialect.name == "sqlite":
             _keep_only_unmoved(conn, seqs, top, cutoff)
         else:
@@ -622,20 +608,68 @@ def _forget_flushes(conn: Connection, cutoff: int) -> None:
     ))
 
 
-def _of_pairs(pairs: list[tuple[str, str]]) -> Any:
-    """Log rows of these (target, name) pairs.  The targets and the names listed apart too:
-    SQLite seeks the key by ``IN`` lists of single columns, but filters a list of pairs row by
-    row (every row of each flush listed)."""
+class _Group(NamedTuple):
+    """The log rows one move transaction takes: every row of ``targets``, or with ``names``
+    (one target then) the rows of those names only."""
+
+    targets: list[str]
+    names: list[str] | None = None
+
+    def rows(self) -> Any:
+        c = t.sample_log.c
+        if self.names is None:
+            return c.target.in_(self.targets)
+        return and_(c.target == self.targets[0], c.name.in_(self.names))
+
+
+def _groups(engine: Engine, seqs: Any, cutoff: int) -> list[_Group]:
+    """The move's transactions: whole targets up to :data:`TRANSPOSE_SAMPLES` samples (their
+    series' chunks then land side by side in ``sample_chunks``), and a target holding more
+    than :data:`TRANSPOSE_WHOLE` times that a few names at a time."""
     c = t.sample_log.c
-    return and_(c.target.in_(sorted({p[0] for p in pairs})),
-                c.name.in_(sorted({p[1] for p in pairs})), tuple_(c.target, c.name).in_(pairs))
+    units: list[tuple[_Group, int]] = []
+    with transaction(engine, write=False) as conn:  # a scan of the hour: not under the lock
+        # Per target, then per name of a large target only: grouped by (target, name) at
+        # once, SQLite sorted every row of the hour through temporary files (a fleet's move
+        # then wrote 50 % more).
+        sizes = conn.execute(
+            select(c.target, func.sum(c.n)).where(c.seq.in_(seqs), c.end_ms < cutoff)
+            .group_by(c.target).order_by(c.target)
+        ).all()
+        for target, total in sizes:
+            if int(total) <= TRANSPOSE_WHOLE * TRANSPOSE_SAMPLES:
+                units.append((_Group([target]), int(total)))
+                continue
+            per_name = conn.execute(
+                select(c.name, func.sum(c.n)).where(
+                    c.seq.in_(seqs), c.target == target, c.end_ms < cutoff
+                ).group_by(c.name).order_by(c.name)
+            ).all()
+            units += [(_Group([target], [name]), int(n)) for name, n in per_name]
+    groups: list[_Group] = []
+    size = 0
+    for unit, n in units:
+        last = groups[-1] if groups else None
+        # A group holds whole targets, or names of one target.
+        if last is None or size >= TRANSPOSE_SAMPLES or (
+            (last.names, unit.names) != (None, None) and last.targets != unit.targets
+        ) or (last.names is None) != (unit.names is None):
+            groups.append(unit)
+            size = n
+            continue
+        if unit.names is None:
+            last.targets.append(unit.targets[0])
+        else:
+            assert last.names is not None
+            last.names.append(unit.names[0])
+        size += n
+    return groups
 
 
-def _drop_damaged(conn: Connection, seqs: Any, cutoff: int,
-                  pairs: list[tuple[str, str]]) -> None:
+def _drop_damaged(conn: Connection, seqs: Any, cutoff: int, group: _Group) -> None:
     c = t.sample_log.c
     rows = conn.execute(select(c.target, c.name, c.seq, c.start_ms, c.data).where(
-        c.seq.in_(seqs), _of_pairs(pairs), c.end_ms < cutoff
+        c.seq.in_(seqs), group.rows(), c.end_ms < cutoff
     )).all()
     for target, name, seq, start_ms, data in rows:
         try:
@@ -656,17 +690,15 @@ def _lock(conn: Connection) -> None:
         conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({PG_LOCK_ROLLUP:d})")
 
 
-def _move(conn: Connection, seqs: Any, cutoff: int, pairs: list[tuple[str, str]], *,
-          redo: bool) -> int:
-    # Every row of these (target, name) pairs that ends before ``cutoff`` (an hour) in the
-    # flushes listed
+def _move(conn: Connection, seqs: Any, cutoff: int, group: _Group, *, redo: bool) -> int:
+    # Every row of the group that ends before ``cutoff`` (an hour) in the flushes listed
     # under the rollup lock (``seqs``: all committed then; the module docstring).  The rows
     # left hold later hours only: no sample of theirs shares a (series, ts) with a moved one,
     # so their order against the moved chunks does not matter.  The rows are deleted later,
     # all groups at once (:func:`transpose`).
     c = t.sample_log.c
     rows = conn.execute(select(c.seq, c.data).where(
-        c.seq.in_(seqs), _of_pairs(pairs), c.end_ms < cutoff
+        c.seq.in_(seqs), group.rows(), c.end_ms < cutoff
     ).order_by(c.seq)).all()
     if not rows:
         return 0

@@ -205,7 +205,7 @@ def test_the_last_write_wins_across_the_log_and_the_chunks(make_store) -> None:
     assert data.values == (4.0, 1.0)
 
 
-def test_moving_in_small_transactions_moves_whole_rows_of_targets_and_names(
+def test_moving_in_small_transactions_moves_whole_targets(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(samplelog, "TRANSPOSE_SAMPLES", 10)
@@ -218,14 +218,13 @@ def test_moving_in_small_transactions_moves_whole_rows_of_targets_and_names(
     transactions = 0
     real = samplelog._move
 
-    def counting(conn, seqs, cutoff, pairs, *, redo):
+    def counting(conn, seqs, cutoff, group, *, redo):
         nonlocal transactions
         transactions += 1
-        # 3 samples per (target, name): the fourth pair fills the budget.
-        assert pairs == [("a", "x"), ("a", "y"), ("b", "x"), ("b", "y")] or pairs == [
-            ("c", "x"), ("c", "y"), ("d", "x"), ("d", "y")]
+        # 6 samples per target: the second target fills the budget.
+        assert group in (samplelog._Group(["a", "b"]), samplelog._Group(["c", "d"]))
         assert not redo
-        return real(conn, seqs, cutoff, pairs, redo=redo)
+        return real(conn, seqs, cutoff, group, redo=redo)
 
     monkeypatch.setattr(samplelog, "_move", counting)
     assert _move(store) == 24
@@ -237,9 +236,9 @@ def test_moving_in_small_transactions_moves_whole_rows_of_targets_and_names(
 def test_a_target_larger_than_a_move_transaction_is_moved_a_few_names_at_a_time(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # One target may hold far more than a transaction's budget (an NVML host's GPU series of
-    # a whole fleet: 6.8 M samples an hour, which moved at once took 270 MB): it is cut
-    # between its names, each name's rows (and so each series) still moved whole.
+    # One target may hold far more than a transaction's budget (the NVML host's target holds
+    # the GPU series joined across a fleet: 6.8 M samples an hour, which moved at once took
+    # 270 MB): it is cut between its names, each name's rows (so each series) moved whole.
     monkeypatch.setattr(samplelog, "TRANSPOSE_SAMPLES", 4)
     names = ("x", "y", "z")
     for k in range(3):
@@ -248,17 +247,19 @@ def test_a_target_larger_than_a_move_transaction_is_moved_a_few_names_at_a_time(
         store.write("small", T + k * 15, [Sample("x", (), float(k))])
         store.flush()
     before = {n: store.read(Query(n, start=T, end=T + 60)).series() for n in names}
-    groups: list[list[tuple[str, str]]] = []
+    groups: list[samplelog._Group] = []
     real = samplelog._move
 
-    def recording(conn, seqs, cutoff, pairs, *, redo):
-        groups.append(list(pairs))
-        return real(conn, seqs, cutoff, pairs, redo=redo)
+    def recording(conn, seqs, cutoff, group, *, redo):
+        groups.append(group)
+        return real(conn, seqs, cutoff, group, redo=redo)
 
     monkeypatch.setattr(samplelog, "_move", recording)
     assert _move(store) == 3 * 3 * 2 + 3
-    # 6 samples per name of "big": each pair fills the budget alone.
-    assert groups == [[("big", "x")], [("big", "y")], [("big", "z")], [("small", "x")]]
+    # "big" holds 18 samples, more than TRANSPOSE_WHOLE (4) budgets: moved by name, each of
+    # its names (6 samples) filling the budget alone; "small" whole.
+    G = samplelog._Group
+    assert groups == [G(["big"], ["x"]), G(["big"], ["y"]), G(["big"], ["z"]), G(["small"])]
     assert _table_counts(store)[0] == 0
     assert {n: store.read(Query(n, start=T, end=T + 60)).series() for n in names} == before
 
