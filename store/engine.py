@@ -31,7 +31,7 @@ import socket
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -431,3 +431,15 @@ def transaction(engine: Engine, *, write: bool) -> Iterator[Connection]:
             conn.execution_options(**{_WRITE: True})
         with conn.begin():
             yield conn
+
+
+def fetch_tuples(conn: Connection, statement: Any) -> Sequence[Any]:
+    """Every row of ``statement`` as the driver returns it (tuples), for the reads that fetch
+    many rows of plain columns (integers and blobs: no result type to convert).  SQLAlchemy
+    builds a ``Row`` for each row of ``.all()``: at 100 targets the hourly move fetched 2.2 M
+    log rows and spent 1.1 of its 10 s of CPU building them."""
+    result = conn.execute(statement)
+    try:
+        return result.cursor.fetchall()
+    finally:
+        result.close()

@@ -36,6 +36,7 @@ from tritonwatch.store.chunks import (
     span_start,
     unpack_timestamps,
 )
+from tritonwatch.store.engine import fetch_tuples
 from tritonwatch.store.errors import LimitExceeded
 from tritonwatch.store.id_lists import in_ids
 from tritonwatch.store.values import SeriesColumns, SeriesKey
@@ -211,7 +212,7 @@ def raw_samples(conn: Connection, ids: Sequence[int], *, lo_ms: int, hi_ms: int)
         c.start_ms <= hi_ms,
         c.end_ms >= lo_ms,
     )
-    rows = conn.execute(query).all()
+    rows = fetch_tuples(conn, query)
     if not len(logged[0]):
         return merge_rows(rows, lo_ms=lo_ms, hi_ms=hi_ms, conn=conn)
     stored = _empty_columns()

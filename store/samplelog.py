@@ -74,7 +74,7 @@ from tritonwatch.store.chunks import (
     sort_keep_last,
     window_start,
 )
-from tritonwatch.store.engine import transaction
+from tritonwatch.store.engine import fetch_tuples, transaction
 from tritonwatch.store.id_lists import in_ids
 from tritonwatch.store.write import (
     PG_COPY_HEADER,
@@ -440,7 +440,7 @@ def read(conn: Connection, ids: Sequence[int], *, lo_ms: int, hi_ms: int) -> Col
     c = t.sample_log.c
     rows: Sequence[Any] = []
     if ids:
-        rows = conn.execute(_owned_rows(conn, ids, lo_ms, hi_ms, c.seq, c.data)).all()
+        rows = fetch_tuples(conn, _owned_rows(conn, ids, lo_ms, hi_ms, c.seq, c.data))
     return select_samples(
         [r[0] for r in rows], [bytes(r[1]) for r in rows], np.asarray(ids, np.int64),
         lo_ms=lo_ms, hi_ms=hi_ms,
@@ -697,9 +697,9 @@ def _move(conn: Connection, seqs: Any, cutoff: int, group: _Group, *, redo: bool
     # so their order against the moved chunks does not matter.  The rows are deleted later,
     # all groups at once (:func:`transpose`).
     c = t.sample_log.c
-    rows = conn.execute(select(c.seq, c.data).where(
+    rows = fetch_tuples(conn, select(c.seq, c.data).where(
         c.seq.in_(seqs), group.rows(), c.end_ms < cutoff
-    ).order_by(c.seq)).all()
+    ).order_by(c.seq))
     if not rows:
         return 0
     sids, ts, values, row_seqs = _Rows(
