@@ -152,20 +152,14 @@ def log_rows(seq: int, columns: SampleColumns) -> list[LogRow]:
         # time, and a row holding samples of a later hour would hold its earlier ones back.
         return [row for hour in np.unique(hours).tolist()
                 for row in log_rows(seq, columns.take(hours == hour))]
-    sids, ts, values, row_of, keys = columns
+    columns = _by_row(columns)
     compact = _compact_rows(seq, columns)
     if compact is not None:
         return compact
+    sids, ts, values, row_of, keys = columns
     chunks = encode(sids, ts, values)
     codes = row_of[chunks.offsets // 16]
     starts, ends = run_bounds(codes)
-    if not _grouped(codes[starts], len(keys)):
-        # A row's series apart (columns in id order): grouped by row, stably, so that each
-        # series stays together and in time order, and encoded again.
-        order = np.argsort(row_of, kind="stable")
-        chunks = encode(sids[order], ts[order], values[order])
-        codes = row_of[order][chunks.offsets // 16]
-        starts, ends = run_bounds(codes)
     if not len(starts):
         return []
     # Row r holds chunks starts[r] to ends[r]: its data is ``k``, the ids, the counts (its
@@ -199,16 +193,13 @@ def log_rows(seq: int, columns: SampleColumns) -> list[LogRow]:
 
 
 def _compact_rows(seq: int, columns: SampleColumns) -> list[LogRow] | None:
-    """The rows of ``columns`` in the compact layout (module docstring), or None unless each
-    row is one scrape: every series one sample, a row's samples at one instant."""
+    """The rows of ``columns`` (grouped by row: :func:`_by_row`) in the compact layout (module
+    docstring), or None unless each row is one scrape: every series one sample, a row's
+    samples at one instant."""
     sids, ts, values, row_of, keys = columns
     if not len(sids) or (sids[1:] == sids[:-1]).any():
         return None
     starts, ends = run_bounds(row_of)
-    if not _grouped(row_of[starts], len(keys)):
-        order = np.argsort(row_of, kind="stable")  # a row's series apart: grouped by row
-        sids, ts, values, row_of = sids[order], ts[order], values[order], row_of[order]
-        starts, ends = run_bounds(row_of)
     k = ends - starts
     row = np.repeat(np.arange(len(k), dtype=np.int64), k)
     if (ts != ts[starts][row]).any():
@@ -252,11 +243,16 @@ def _compact_rows(seq: int, columns: SampleColumns) -> list[LogRow] | None:
     ))
 
 
-def _grouped(run_codes: npt.NDArray[np.int64], size: int) -> bool:
-    """Whether runs with these codes (each in ``range(size)``) hold each code once."""
-    seen = np.zeros(size, bool)
-    seen[run_codes] = True
-    return int(np.count_nonzero(seen)) == len(run_codes)
+def _by_row(columns: SampleColumns) -> SampleColumns:
+    """``columns`` with each row's samples together: as they are when they already are, else
+    sorted by row, stably, so that each series' samples stay together and in time order (a
+    row's series may lie apart: columns in id order, a name's series created at two times)."""
+    starts, _ = run_bounds(columns.rows)
+    seen = np.zeros(len(columns.keys), bool)
+    seen[columns.rows[starts]] = True
+    if int(np.count_nonzero(seen)) == len(starts):  # each row one run
+        return columns
+    return columns.take(np.argsort(columns.rows, kind="stable"))
 
 
 def insert(conn: Connection, rows: Sequence[LogRow]) -> None:
