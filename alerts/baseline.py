@@ -118,9 +118,9 @@ class HeldBaseline:
         return math.exp(self.model.center) if self.model.has_load else None
 
 
-#: What the trailing window says of an instance's reloads (``BaselineCache._window_facts``).
-_Facts = tuple[npt.NDArray[np.float64] | None, tuple[float, float] | None,
-               tuple[float, float] | None]
+#: What the trailing window says of an instance's reloads (``BaselineCache._window_facts``):
+#: its first bucket with data (None: fewer than ``min_points``), last inner hole and empty tail.
+_Facts = tuple[float | None, tuple[float, float] | None, tuple[float, float] | None]
 
 #: Load histories shared by the regression rules of one rules file (see :class:`BaselineCache`).
 SharedLoads = dict[tuple[Any, ...], BucketHistory | RecentBuckets]
@@ -292,8 +292,8 @@ class BaselineCache:
         facts = self._facts.get(key)
         if facts is None:  # once per quantum per instance: the window's data moves with it
             facts = self._facts[key] = self._window_facts(key)
-        stamps, inner, tail = facts
-        if stamps is None:
+        first, inner, tail = facts
+        if first is None:
             return []
         out: list[DeployEvent] = []
         # A reload: a hole of RELOAD_GAP_S or more between data inside the window, or at its
@@ -312,25 +312,35 @@ class BaselineCache:
             if self._config_times is None:
                 self._config_times = store.model_config_times()
             at = self._config_times.get((key[0], model))
-            if (at is not None and now - at <= DEPLOY_WINDOW_S and at > float(stamps[0])
-                    and int((stamps < at).sum()) >= self.spec.min_points):
+            if (at is not None and now - at <= DEPLOY_WINDOW_S and at > first
+                    and int((self._stamps(key) < at).sum()) >= self.spec.min_points):
                 out.append(DeployEvent("config", at, key, at))
         return out
 
+    def _stamps(self, key: GroupKey) -> npt.NDArray[np.float64]:
+        """The trailing window's bucket stamps with data of ``key`` (empty: none).  Built
+        when asked, not kept per instance: at 1,000 targets with 4-hour windows they were
+        18 MB, and besides the window's facts only a model's config change within the hour
+        needs them."""
+        hist = self._series.get("trailing")
+        row = hist.row(key) if hist is not None else None
+        if row is None or hist is None or hist.lo is None:
+            return np.empty(0)
+        seen = np.flatnonzero(~np.isnan(row))
+        return (hist.lo + self.spec.step * seen).astype(np.float64)
+
     def _window_facts(self, key: GroupKey) -> _Facts:
-        """The trailing window's bucket stamps with data of ``key`` (None: fewer than
+        """The trailing window's first bucket with data of ``key`` (None: fewer than
         ``min_points``), its last inner hole as ``(back, before)`` (only when long enough and
         with ``min_points`` buckets before it) and its empty tail as ``(before, window
         end)`` (one empty bucket or more)."""
         hist = self._series.get("trailing")
-        row = hist.row(key) if hist is not None else None
-        if row is None or hist is None or hist.lo is None or hist.hi is None:
+        if hist is None or hist.hi is None:
+            return None, None, None
+        stamps = self._stamps(key)
+        if len(stamps) < self.spec.min_points:
             return None, None, None
         step = self.spec.step
-        seen = np.flatnonzero(~np.isnan(row))
-        if len(seen) < self.spec.min_points:
-            return None, None, None
-        stamps: npt.NDArray[np.float64] = (hist.lo + step * seen).astype(np.float64)
         inner: tuple[float, float] | None = None
         gaps = np.flatnonzero(np.diff(stamps) > RELOAD_GAP_S + step / 2)
         if len(gaps) and int(gaps[-1]) + 1 >= self.spec.min_points:
@@ -339,7 +349,7 @@ class BaselineCache:
         tail: tuple[float, float] | None = None
         if hist.hi - (float(stamps[-1]) + step) >= step:
             tail = (float(stamps[-1]) + step, hist.hi)
-        return stamps, inner, tail
+        return float(stamps[0]), inner, tail
 
     def _none_between(self, store: Store, key: GroupKey, start: float, end: float) -> bool:
         """Whether ``key``'s series has no point in ``[start, end)``."""

@@ -216,11 +216,19 @@ class LoadModel:
     ``log series = intercept + slope * log load``, the slope fitted by Theil-Sen on the
     baseline's buckets (load smoothed over the recent window's length), with its confidence
     interval clipped to the spec's ``elasticity``.  Per slope of ``(low, fit, high)``: the
-    intercept (median residual zero) and the baseline's residuals, sorted."""
+    intercept (median residual zero); the baseline's residuals come from :meth:`residuals`.
+
+    A model is kept per instance for a quantum (``alerts.baseline.BaselineCache``), and only
+    instances showing an effect ever need their residuals (``regression_verdict``).  So the
+    model keeps the fitted points (``ly``, ``lx``), not the three sorted residual arrays:
+    those were 5.5 of the 13.8 MB a regression rule set kept at 100 targets with full 4-hour
+    baselines (``bench.alerts_eval``'s data), 55 MB at 1,000.
+    """
 
     slopes: tuple[float, float, float]
     intercepts: tuple[float, float, float]
-    residuals: tuple[npt.NDArray[np.float64], ...]
+    ly: npt.NDArray[np.float64]  # the fitted buckets' log series
+    lx: npt.NDArray[np.float64] | None  # and their log load (None: no load)
     center: float  # median log load of the baseline (NaN: no load)
     level: float  # the baseline's median of the series
     floor: float  # values below it count as it in log space
@@ -229,6 +237,14 @@ class LoadModel:
     @property
     def has_load(self) -> bool:
         return not math.isnan(self.center)
+
+    def residuals(self, k: int) -> npt.NDArray[np.float64]:
+        """The baseline's residuals about slope ``k`` of ``(low, fit, high)`` and its
+        intercept, sorted (empty where that slope is unbounded)."""
+        b = self.slopes[k]
+        if not math.isfinite(b):
+            return np.empty(0)
+        return np.sort(_residuals(self.ly, self.lx, b) - self.intercepts[k])
 
 
 def fit_load_model(
@@ -262,19 +278,16 @@ def fit_load_model(
             ts = (lo_b, fit, hi_b)
         low, fit, high = (min(max(v, lo_b), hi_b) for v in ts)
         slopes = (low, fit, high)
-    intercepts: list[float] = []
-    residuals: list[npt.NDArray[np.float64]] = []
-    for b in slopes:
-        if not math.isfinite(b):
-            intercepts.append(math.nan)
-            residuals.append(np.empty(0))
-            continue
-        r = ly - b * lx if lx is not None else ly
-        a = float(np.median(r))
-        intercepts.append(a)
-        residuals.append(np.sort(r - a))
-    return LoadModel(slopes, (intercepts[0], intercepts[1], intercepts[2]), tuple(residuals),
+    intercepts = [float(np.median(_residuals(ly, lx, b))) if math.isfinite(b) else math.nan
+                  for b in slopes]
+    return LoadModel(slopes, (intercepts[0], intercepts[1], intercepts[2]), ly, lx,
                      center, level, floor, int(ok.sum()))
+
+
+def _residuals(ly: npt.NDArray[np.float64], lx: npt.NDArray[np.float64] | None, b: float
+               ) -> npt.NDArray[np.float64]:
+    """Log series less slope ``b`` times log load (the series itself without a load)."""
+    return ly - b * lx if lx is not None else ly
 
 
 def judge(
@@ -357,7 +370,7 @@ def _comparison(
     model: LoadModel, recent: npt.NDArray[np.float64], spec: RegressionSpec, found: _Effect,
 ) -> Comparison:
     ly, lx_now, effect, k = found
-    b, a, base_r = model.slopes[k], model.intercepts[k], model.residuals[k]
+    b, a, base_r = model.slopes[k], model.intercepts[k], model.residuals(k)
     expected = math.exp(a + b * lx_now)
     r = ly - (a + b * lx_now)
     current = float(np.median(recent))

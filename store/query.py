@@ -104,13 +104,19 @@ def find_series(
     if max_series is not None and not match and where is None:
         query = query.limit(max_series + 1)
     found = []
+    # The driver gives each row its own target and name strings; the keys are kept (the
+    # reader's series cache) and a fleet's keys repeat a few hundred names and targets, so
+    # they share one string each.
+    texts: dict[str, str] = {}
     for row in conn.execute(query):
         labels = parse_labels(row.labels)
         if match and any(label_value(labels, k, "") != v for k, v in match.items()):
             continue
         if where is not None and not where(row.target, row.name, labels):
             continue
-        found.append((row.id, SeriesKey(row.target, row.name, labels)))
+        target_text = texts.setdefault(row.target, row.target)
+        found.append((row.id, SeriesKey(target_text, texts.setdefault(row.name, row.name),
+                                        labels)))
         if max_series is not None and len(found) > max_series:
             raise LimitExceeded(f"the query selects more than {max_series:,} series",
                                 what="series", limit=max_series)

@@ -249,3 +249,29 @@ def test_regression_verdict_is_judge_then_is_regression() -> None:
         assert got == want
         seen[want[1] is not None] += 1
     assert seen[True] > 100 and seen[False] > 100, seen
+
+
+def test_a_load_model_keeps_its_fitted_points_and_gives_each_slopes_residuals_sorted() -> None:
+    # Models are kept per instance for a quantum: they hold the fitted log points, not three
+    # sorted residual arrays, and build a slope's residuals when a comparison needs them.
+    rng = np.random.default_rng(11)
+    spec = RegressionSpec.model_validate({"name": "r", "series": "s", "direction": "down",
+                                          "min_baseline": 0.01, "elasticity": [0.0, 1.0]})
+    for i in range(200):
+        x = rng.lognormal(0.0, 0.3, 240)
+        y = 0.6 * x ** 0.7 * rng.lognormal(0.0, 0.05, 240)
+        y[rng.integers(0, 240, 20)] = np.nan  # empty buckets are not fitted
+        with_load = i % 4 != 0
+        model = fit_load_model(y, x if with_load else None, spec)
+        assert model is not None
+        finite = int(np.isfinite(y).sum())
+        assert len(model.ly) == model.n <= finite and (with_load or model.n == finite)
+        assert (model.lx is not None) == with_load
+        arrays = [v for v in vars(model).values() if isinstance(v, np.ndarray)]
+        assert len(arrays) == (2 if with_load else 1)
+        for k, b in enumerate(model.slopes):
+            r = model.residuals(k)
+            lx = model.lx if model.lx is not None else 0.0
+            want = np.sort(model.ly - b * lx - model.intercepts[k])
+            assert r.tobytes() == want.tobytes()  # bit for bit the old arrays
+            assert abs(float(np.median(r))) < 1e-12  # the intercept centres them
