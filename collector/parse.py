@@ -103,12 +103,16 @@ _ALLOWED_SUFFIXES = {
 # of the key, so sharing it between threads is harmless.  A target's steady state does not come
 # here at all (collector.shape reads a payload with an unchanged structure as values only), so
 # the cache serves first scrapes and changed payloads, and is kept small: an entry costs about
-# 800 bytes, so the bound is ~16 MB (longer heads than _SHARED_TEXT_MAX are never cached).
+# 250 bytes beside the label set it shares, so the bound is ~1 MB (longer heads than
+# _SHARED_TEXT_MAX are never cached).
 # Past it, new heads are parsed cold and not cached; nothing is evicted (a fleet whose series
 # outnumber the bound would otherwise turn every lookup into a miss).  Series that went away
-# stay cached until ``clear_head_cache()``.
+# stay cached until ``clear_head_cache()``.  The shared heads (a model's families, the same on
+# every server running it) come first and stay; what fills the rest is mostly heads naming
+# one server's GPUs (its UUIDs), each used once: ``bench.memory_state --targets 1000`` found
+# the cache full at the former bound of 20,000 (4.8 MB; 1.0 at this one).
 _HEAD_CACHE: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {}
-_HEAD_CACHE_MAX = 20_000
+_HEAD_CACHE_MAX = 4_096
 
 
 def clear_head_cache() -> None:
