@@ -16,6 +16,7 @@ from tritonwatch.alerts.series_reads import (
     FEW_TARGETS,
     MODEL,
     BuiltinRule,
+    group_means,
     group_sums,
     per_series,
 )
@@ -102,8 +103,7 @@ class FailureRatioSpikeRule(BuiltinRule):
             lo, hi = span[0], span[1] - 0.001  # [start, end): the store's end is inclusive
             ok = sums_counts(store, "sli:request_rate", lo, hi, MODEL)
             fail = sums_counts(store, "sli:failure_rate", lo, hi, (*MODEL, "reason"))
-            self._baseline = (span, {k: mean(a) for k, a in ok.items()},
-                              {k: mean(a) for k, a in fail.items()})
+            self._baseline = (span, group_means(ok), group_means(fail))
         return self._baseline[1], self._baseline[2]
 
     def evaluate(self, store: Store, now: float) -> list[AlertCandidate]:

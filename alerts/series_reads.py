@@ -5,7 +5,7 @@ alerts."""
 from __future__ import annotations
 
 import math
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -58,7 +58,11 @@ def means(
     store: Store, name: str, now: float, window: float, by: tuple[str, ...]
 ) -> dict[tuple[str, Labels], float]:
     """Mean over ``[now - window, now]`` of each group (target, ``by`` labels)."""
-    acc = group_sums(store.read(Query(name, start=now - window, end=now)), by)
+    return group_means(group_sums(store.read(Query(name, start=now - window, end=now)), by))
+
+
+def group_means(acc: Mapping[tuple[str, Labels], list[float]]) -> dict[tuple[str, Labels], float]:
+    """Each group's mean from its ``[sum, count]``; groups without a count are left out."""
     return {k: a[0] / a[1] for k, a in acc.items() if a[1]}
 
 
@@ -80,9 +84,8 @@ def means_of(
                 if k[0] in targets}
     out: dict[tuple[str, Labels], float] = {}
     for target in sorted(targets):
-        acc = group_sums(store.read(Query(name, start=now - window, end=now, target=target)),
-                         by)
-        out.update({k: a[0] / a[1] for k, a in acc.items() if a[1]})
+        out.update(group_means(group_sums(
+            store.read(Query(name, start=now - window, end=now, target=target)), by)))
     return out
 
 
