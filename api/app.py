@@ -5,8 +5,9 @@ with response models that are separate from the tables.  Errors are raised as ex
 answered by :mod:`api.errors` (400 naming the parameter, 422 over a limit, 503 when the store
 is down or the read pool is full).
 
-- /healthz answers from memory on the event loop, and /metrics from the registry: neither
-  touches the database nor waits for a thread (:mod:`api.pool`).
+- /healthz answers from memory on the event loop, and /metrics from the live collector and the
+  registry (:func:`api.exporter.exposition`), streamed from a worker thread: neither touches
+  the database nor waits for the read pool (:mod:`api.pool`).
 - Every store read runs in the API's :class:`~api.pool.ReadPool`.
 - The Prometheus-shaped reads (series, labels, query_range...) live in :mod:`api.prom`.
 - List answers (series, targets) take ``limit`` (default ``api.default_limit``, at most
@@ -22,13 +23,14 @@ from collections.abc import Collection
 from typing import Annotated, Literal
 
 from fastapi import Depends, FastAPI, Query, Request, Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from fastapi.responses import StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 from pydantic import BaseModel
 
 from tritonwatch.api.alerting import alerting_router
 from tritonwatch.api.auth import TokenAuth
 from tritonwatch.api.errors import bad_param, install_error_handlers
-from tritonwatch.api.exporter import Live, install_exporter
+from tritonwatch.api.exporter import Live, exposition, install_exporter
 from tritonwatch.api.params import (
     decode_token,
     encode_token,
@@ -103,8 +105,8 @@ def create_app(
                               registry=app.state.registry)
     configured = None if targets is None else frozenset(targets)
     app.state.live = live or Live()
-    install_exporter(app.state.registry, app.state.live,
-                     max_series=settings.max_exported_series)
+    app.state.exporter = install_exporter(app.state.registry, app.state.live,
+                                          max_series=settings.max_exported_series)
     install_error_handlers(app)
     self_authenticated = []
     if alerting is not None and alerting.receiver is not None:
@@ -124,8 +126,11 @@ def create_app(
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics(request: Request) -> Response:
-        return Response(generate_latest(request.app.state.registry),
-                        media_type=CONTENT_TYPE_LATEST)
+        # A sync iterator: Starlette runs each step in a worker thread, so a scrape of
+        # 100,000 series neither blocks the event loop nor is held whole in memory.
+        return StreamingResponse(exposition(request.app.state.registry,
+                                            request.app.state.exporter),
+                                 media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/api/v1/targets", response_model=TargetsOut)
     async def list_targets(

@@ -37,7 +37,8 @@ import math
 import platform
 import re
 import sys
-from collections.abc import Iterable, Iterator, Mapping
+from array import array
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -48,13 +49,14 @@ from prometheus_client import (
     GCCollector,
     PlatformCollector,
     ProcessCollector,
+    generate_latest,
 )
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample as PromSample
 
-from tritonwatch.schemas.latest import LatestValue, LatestValues
-from tritonwatch.schemas.samples import Labels
+from tritonwatch.schemas.latest import EXPORTED_PREFIXES, LatestValues, SampleWindow
+from tritonwatch.schemas.samples import Labels, Sample
 from tritonwatch.schemas.values import format_duration
 
 if TYPE_CHECKING:
@@ -120,75 +122,158 @@ class Live:
     slos: SloBoard | None = None
 
 
-class _Budget:
-    """Counts the series of one scrape against the cap."""
+#: Sample lines rendered at a time when /metrics is streamed (:meth:`LiveCollector.chunks`).
+CHUNK_LINES = 2_000
+
+#: A reference to a series of the latest values: ``entry << _REF_SHIFT | index``.
+_REF_SHIFT = 32
+
+
+class _Plan:
+    """Which series one scrape of /metrics exports, grouped by family, without building them.
+
+    The first pass (the ``add`` methods, in the cap's order: alerts, SLOs, SLIs) keeps for
+    each series only a reference, 8 bytes in an ``array``: a latest value by its source and
+    index, or the index of an alert's or SLO's labels and value (those are few).  A scrape at
+    the default cap used to build 100,000 label dicts, sample tuples and 10 MB of text at once,
+    an 80 MiB peak at 1,000 targets; :meth:`samples` builds one family's series when it is
+    written.  The cap counts series as they are offered, so a series offered twice (two
+    sources, or two stored label sets that export alike) takes two places under it; only the
+    first is exported.
+    """
 
     def __init__(self, cap: int) -> None:
         self.cap = cap
-        self.exported = 0
+        self.offered = 0
         self.dropped = 0
+        self.families: dict[str, tuple[str, array[int]]] = {}
+        self._extras: list[tuple[dict[str, str], float]] = []
+        self._sources: list[tuple[str, float, Sequence[Sample]]] = []
 
-    def take(self) -> bool:
-        if self.exported >= self.cap:
-            self.dropped += 1
-            return False
-        self.exported += 1
-        return True
-
-
-class _Families:
-    """Gauge families of one scrape, by name, with their label names fixed by first use."""
-
-    def __init__(self, budget: _Budget) -> None:
-        self.budget = budget
-        self._families: dict[str, GaugeMetricFamily] = {}
-        self._seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
-
-    def add(self, name: str, doc: str, labels: Mapping[str, str], value: float) -> None:
-        key = (name, tuple(sorted(labels.items())))
-        if key in self._seen:
-            return  # the same series from two sources: the first one counts
-        if not self.budget.take():
-            return
-        self._seen.add(key)
-        family = self._families.get(name)
+    def _ref(self, name: str, doc: str, ref: int) -> None:
+        family = self.families.get(name)
         if family is None:
-            family = self._families[name] = GaugeMetricFamily(name, doc, labels=[])
-        # Samples are appended one by one: label names may differ between the series of one
-        # family (a model's own labels), which the exposition format allows.
-        family.samples.append(PromSample(name, dict(labels), value, None, None))
+            family = self.families[name] = (doc, array("q"))
+        family[1].append(ref)
 
-    def __iter__(self) -> Iterator[Metric]:
-        return iter(self._families.values())
+    def add(self, name: str, doc: str, labels: dict[str, str], value: float) -> None:
+        """One series built by the caller (an alert's or an SLO's)."""
+        self.offered += 1
+        if self.offered > self.cap:
+            self.dropped += 1
+            return
+        self._extras.append((labels, value))
+        self._ref(name, doc, -len(self._extras))
+
+    def add_latest(self, latest: LatestValues) -> None:
+        """Every exported latest value, by reference, in target order."""
+        self._sources = latest.sources()
+        # stored name -> (metric name, help), one regex per name, not per series
+        exported: dict[str, tuple[str, str]] = {}
+        for e, (_, _, samples) in enumerate(self._sources):
+            names = samples.names() if isinstance(samples, SampleWindow) else [
+                s.name for s in samples]
+            for i, stored in enumerate(names):
+                if not stored.startswith(EXPORTED_PREFIXES):
+                    continue
+                self.offered += 1
+                if self.offered > self.cap:
+                    self.dropped += 1
+                    continue
+                family = exported.get(stored)
+                if family is None:
+                    family = exported[stored] = (
+                        metric_name(stored), f"Latest value of Tritonwatch's series {stored}")
+                self._ref(*family, e << _REF_SHIFT | i)
+
+    def samples(self, name: str) -> Iterator[tuple[dict[str, str], float]]:
+        """The family's series in the order offered, each once (the first one counts)."""
+        seen: set[tuple[tuple[str, str], ...]] = set()
+        mask = (1 << _REF_SHIFT) - 1
+        for ref in self.families[name][1]:
+            if ref < 0:
+                labels, value = self._extras[-ref - 1]
+            else:
+                target, _, samples = self._sources[ref >> _REF_SHIFT]
+                sample = samples[ref & mask]
+                labels, value = _labels({"target": target}, sample.labels), sample.value
+            key = tuple(sorted(labels.items()))
+            if key not in seen:
+                seen.add(key)
+                yield labels, value
+
+
+class _One:
+    """What ``generate_latest`` renders: the given families (it only calls ``collect``)."""
+
+    def __init__(self, *families: Metric) -> None:
+        self.families = families
+
+    def collect(self) -> Iterable[Metric]:
+        return self.families
 
 
 class LiveCollector(Collector):
-    """The custom collector of the module docstring."""
+    """The custom collector of the module docstring.
+
+    It is not registered: /metrics writes it first with :meth:`chunks`, a family at a time
+    and at most :data:`CHUNK_LINES` series at once, then the registry (:func:`exposition`).
+    :meth:`collect` gives the same families whole, for ``generate_latest(collector)``.
+    """
 
     def __init__(self, live: Live, *, max_series: int, registry: CollectorRegistry) -> None:
         self.live = live
         self.max_series = max_series
-        registry.register(self)
-        # Registered after the collector, so a scrape shows the drops of its own collect.
+        # In the registry, written after this collector's families, so a scrape shows the
+        # drops of its own plan.
         self.dropped = Counter(
             "tritonwatch_exported_series_dropped", "Series left out of /metrics because the "
             "scrape reached api.max_exported_series", registry=registry)
 
-    def collect(self) -> Iterable[Metric]:
-        budget = _Budget(self.max_series)
-        families = _Families(budget)
-        self._alerts(families)
-        self._slos(families)
-        self._latest(families)
-        if budget.dropped:
-            self.dropped.inc(budget.dropped)
-        exported = GaugeMetricFamily(
-            "tritonwatch_exported_series", "Series the live collector exported in this scrape "
-            "(SLIs, SLO status, alerts), at most api.max_exported_series",
-            value=budget.exported)
-        return [*families, exported]
+    def plan(self) -> _Plan:
+        """This scrape's series, by reference; counts its drops."""
+        plan = _Plan(self.max_series)
+        self._alerts(plan)
+        self._slos(plan)
+        if self.live.latest is not None:
+            plan.add_latest(self.live.latest)
+        if plan.dropped:
+            self.dropped.inc(plan.dropped)
+        return plan
 
-    def _alerts(self, out: _Families) -> None:
+    def collect(self) -> Iterable[Metric]:
+        plan = self.plan()
+        families = []
+        for name, (doc, _) in plan.families.items():
+            family = GaugeMetricFamily(name, doc, labels=[])
+            family.samples.extend(PromSample(name, labels, value, None, None)
+                                  for labels, value in plan.samples(name))
+            families.append(family)
+        return [*families, _exported(sum(len(f.samples) for f in families))]
+
+    def chunks(self, lines: int = CHUNK_LINES) -> Iterator[bytes]:
+        """:meth:`collect`'s text, as ``generate_latest`` writes it, ``lines`` series at a time.
+
+        A family cut into pieces is written by ``generate_latest`` piece by piece; the pieces
+        after the first lose their ``# HELP`` and ``# TYPE`` lines (two lines: the help text
+        is escaped onto one), so the text is the same byte for byte (``tests/api``'s
+        differential test holds it to that)."""
+        plan = self.plan()
+        exported = 0
+        for name, (doc, _) in plan.families.items():
+            first = True
+            batch: list[PromSample] = []
+            for labels, value in plan.samples(name):
+                batch.append(PromSample(name, labels, value, None, None))
+                if len(batch) == lines:
+                    yield _text(name, doc, batch, first)
+                    exported, first, batch = exported + len(batch), False, []
+            if batch:
+                yield _text(name, doc, batch, first)
+                exported += len(batch)
+        yield generate_latest(_One(_exported(exported)))
+
+    def _alerts(self, out: _Plan) -> None:
         engine = self.live.engine
         if engine is None:
             return
@@ -203,7 +288,7 @@ class LiveCollector(Collector):
             out.add("ALERTS_FOR_STATE", "When each active alert's condition first held "
                     "(unix seconds)", for_state, state.active_since)
 
-    def _slos(self, out: _Families) -> None:
+    def _slos(self, out: _Plan) -> None:
         board = self.live.slos
         if board is None:
             return
@@ -250,17 +335,26 @@ class LiveCollector(Collector):
                         math.nan if burn is None else burn,
                         {"window": format_duration(window)})
 
-    def _latest(self, out: _Families) -> None:
-        latest = self.live.latest
-        if latest is None:
-            return
-        for v in latest.values():
-            out.add(metric_name(v.name), _doc(v), _labels({"target": v.target}, v.labels),
-                    v.value)
 
 
-def _doc(v: LatestValue) -> str:
-    return f"Latest value of Tritonwatch's series {v.name}"
+def _exported(n: int) -> GaugeMetricFamily:
+    return GaugeMetricFamily(
+        "tritonwatch_exported_series", "Series the live collector exported in this scrape "
+        "(SLIs, SLO status, alerts), at most api.max_exported_series", value=n)
+
+
+def _text(name: str, doc: str, samples: list[PromSample], header: bool) -> bytes:
+    family = GaugeMetricFamily(name, doc, labels=[])
+    family.samples = samples
+    text = generate_latest(_One(family))
+    return text if header else text.split(b"\n", 2)[2]
+
+
+def exposition(registry: CollectorRegistry, live: LiveCollector) -> Iterator[bytes]:
+    """The text of /metrics in pieces: the live families (:meth:`LiveCollector.chunks`), then
+    the registry (the service's own metrics, process and GC), small enough to write whole."""
+    yield from live.chunks()
+    yield generate_latest(registry)
 
 
 def install_exporter(
@@ -270,9 +364,9 @@ def install_exporter(
     max_series: int = DEFAULT_MAX_EXPORTED_SERIES,
     process: bool = True,
 ) -> LiveCollector:
-    """Register the live collector, build info and (``process``) the process, platform and
-    GC collectors in ``registry`` (a registry of its own: prometheus_client's global one
-    already holds the last three)."""
+    """The live collector (written before ``registry`` by :func:`exposition`), with build
+    info and (``process``) the process, platform and GC collectors registered in ``registry``
+    (a registry of its own: prometheus_client's global one already holds the last three)."""
     collector = LiveCollector(live, max_series=max_series, registry=registry)
     info = Gauge("tritonwatch_build_info", "Tritonwatch's version (value 1)",
                  ["version", "python_version", "implementation"], registry=registry)

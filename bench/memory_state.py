@@ -1,7 +1,7 @@
 """What a fleet's steady-state collector memory is made of, structure by structure, in-process.
 
     .venv/bin/python -m bench.memory_state [--targets 1000] [--rounds 4] [--models 7 --gpus 2]
-        [--tracemalloc]
+        [--tracemalloc] [--metrics]
 
 Feeds ``--rounds`` scrapes of each simulated target (``tests.payloads.Template``, as
 ``bench.fleet`` serves them) through the collector's own ingestion (``Collector._ingest``: the
@@ -11,6 +11,11 @@ long-lived structure (objects reachable from it, each object counted once, for t
 structure listed that reaches it; numpy arrays by their data).  Much faster than
 ``bench.fleet`` for seeing what a change to per-target state saves; the RSS of the real server
 adds the API, the scheduler and the transient peaks (``bench.fleet`` measures those).
+
+``--metrics`` then renders the collector's own /metrics of that state (the live SLIs), as the
+API streams it (``api.exporter.exposition``) and, for reference, whole (``generate_latest`` of
+every family at once, as the API did before stop 31): CPU, bytes, and the peak that
+``tracemalloc`` sees while each renders.
 """
 
 from __future__ import annotations
@@ -25,9 +30,11 @@ from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
+from prometheus_client import CollectorRegistry, generate_latest
 
 from tests.payloads import Template
 from tritonwatch import memory
+from tritonwatch.api.exporter import Live, exposition, install_exporter
 from tritonwatch.collector import parse
 from tritonwatch.collector.derive import accumulate
 from tritonwatch.collector.jobs import Collector
@@ -88,6 +95,8 @@ def main() -> None:
     parser.add_argument("--gpus", type=int, default=2)
     parser.add_argument("--tracemalloc", action="store_true",
                         help="also list the top allocation lines after the last round")
+    parser.add_argument("--metrics", action="store_true",
+                        help="then render /metrics of that state, streamed and whole")
     args = parser.parse_args()
     memory.tune_malloc()
     if args.tracemalloc:
@@ -152,7 +161,40 @@ def main() -> None:
                 frame = stat.traceback[0]
                 print(f"  {stat.size / _MIB:7.2f} MiB {stat.count:8d} blocks "
                       f"{frame.filename}:{frame.lineno}")
+        if args.metrics:
+            render_metrics(collector)
         store.close()
+
+
+def render_metrics(collector: Collector) -> None:
+    """/metrics of the collector's latest values, streamed then whole (module docstring)."""
+    registry = CollectorRegistry()
+    exporter = install_exporter(registry, Live(latest=collector.latest), process=False)
+
+    def streamed() -> int:  # what the server writes to the socket, piece by piece
+        return sum(len(piece) for piece in exposition(registry, exporter))
+
+    def whole() -> int:
+        return len(generate_latest(exporter) + generate_latest(registry))
+
+    for name, render in (("streamed", streamed), ("whole", whole)):
+        cpu = []
+        for _ in range(3):
+            t0 = time.process_time()
+            size = render()
+            cpu.append(time.process_time() - t0)
+        traced = tracemalloc.is_tracing()
+        if not traced:
+            tracemalloc.start()
+        tracemalloc.reset_peak()
+        base = tracemalloc.get_traced_memory()[0]
+        render()
+        peak = tracemalloc.get_traced_memory()[1] - base
+        if not traced:
+            tracemalloc.stop()
+        print(f"/metrics {name:<8}: {size / _MIB:5.1f} MiB of text, "
+              f"{sorted(cpu)[1] * 1000:6.0f} ms CPU (median of 3), peak "
+              f"{peak / _MIB:5.1f} MiB allocated (tracemalloc), RSS now {_rss():.0f} MiB")
 
 
 if __name__ == "__main__":

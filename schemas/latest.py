@@ -56,6 +56,10 @@ class SampleWindow(Sequence[Sample]):
     def __len__(self) -> int:
         return self._hi - self._lo
 
+    def names(self) -> list[str]:
+        """The samples' names, without building the samples."""
+        return list(self._names[self._lo:self._hi])
+
     @overload
     def __getitem__(self, i: int) -> Sample: ...
     @overload
@@ -115,9 +119,15 @@ class LatestValues:
         with self._lock:
             self._by_source.pop((target, source), None)
 
-    def values(self) -> list[LatestValue]:
+    def sources(self) -> list[tuple[str, float, Sequence[Sample]]]:
+        """``(target, ts, samples)`` of every source, in (target, source) order: the entries
+        themselves, never mutated, so a reader may index them after the lock is released.
+        A window's samples include names that are not exported (see :meth:`put_window`)."""
         with self._lock:
             entries = sorted(self._by_source.items())
+        return [(target, ts, samples) for (target, _), (ts, samples) in entries]
+
+    def values(self) -> list[LatestValue]:
         return [LatestValue(target, s.name, s.labels, s.value, ts)
-                for (target, _), (ts, samples) in entries for s in samples
+                for target, ts, samples in self.sources() for s in samples
                 if type(samples) is list or s.name.startswith(EXPORTED_PREFIXES)]

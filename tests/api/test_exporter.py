@@ -9,9 +9,13 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 from fastapi.testclient import TestClient
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fixtures_http import FakeTargets
@@ -19,10 +23,10 @@ from tritonwatch.alerts.engine import Engine
 from tritonwatch.alerts.rules import SloBurnRule, rules_from_file
 from tritonwatch.alerts.status import SloBoard
 from tritonwatch.api.app import create_app
-from tritonwatch.api.exporter import Live, label_name, metric_name
+from tritonwatch.api.exporter import Live, LiveCollector, label_name, metric_name
 from tritonwatch.collector.jobs import Collector
 from tritonwatch.schemas.config import ApiConfig, Config, TargetConfig
-from tritonwatch.schemas.latest import LatestValues
+from tritonwatch.schemas.latest import LatestValues, SampleWindow
 from tritonwatch.schemas.rules import validate_rules
 from tritonwatch.schemas.samples import Sample, make_labels
 from tritonwatch.store import Store, open_store
@@ -124,6 +128,9 @@ def test_metrics_exports_slis_slo_status_alerts_build_info_and_process(store: St
     assert one == 1 and info["version"] and info["python_version"]
     assert "process_cpu_seconds_total" in m and "python_info" in m
     assert m["tritonwatch_exported_series"][0][1] > 10
+    # Streamed, the live families (alerts and SLOs included) are prometheus_client's text.
+    exporter = client.app.state.exporter  # type: ignore[attr-defined]
+    assert r.content.startswith(generate_latest(exporter))
 
 
 def test_promtool_check_metrics_is_clean(store: Store):
@@ -160,6 +167,73 @@ def test_exported_series_are_capped_and_the_drops_counted(store: Store):
     assert second["tritonwatch_exported_series_dropped_total"][0][1] == 2 * dropped
     # Alerts go first: the cap never hides a firing alert behind SLIs.
     assert any(lbl.get("alertstate") == "firing" for lbl, _ in second["ALERTS"])
+
+
+_LABEL_VALUES = st.text(st.sampled_from('ab"\\\n{}=,é😀 '), max_size=6)
+_VALUES = st.one_of(st.floats(allow_nan=True, allow_infinity=True),
+                    st.sampled_from([0.0, -0.0, 1e-300, 1234567.0, 12345678.5, 1e22]))
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(
+    series=st.lists(st.tuples(st.sampled_from(["sli:a", "sli:a.b", "sli:a_b", "probe:t",
+                                               "triton_model_ready", "nv_raw"]),
+                              st.sampled_from(["model", "a.b", "a_b", "target", "__x"]),
+                              _LABEL_VALUES, _VALUES),
+                    max_size=40),
+    targets=st.integers(1, 3),
+    lines=st.integers(1, 5),
+    cap=st.integers(1, 200),
+)
+def test_streamed_metrics_equal_prometheus_clients_text_of_the_whole_families(
+    series: list[tuple[str, str, str, float]], targets: int, lines: int, cap: int,
+) -> None:
+    """Differential: /metrics streams the live families ``lines`` series at a time; the
+    pieces put together are prometheus_client's ``generate_latest`` of the same families
+    built whole, byte for byte, whatever the labels (quotes, backslashes, newlines, emoji,
+    names that export alike), values (NaN, ±Inf, -0.0, exponents), cap and piece size."""
+    latest = LatestValues()
+    for t in range(targets):
+        samples = [Sample(name, make_labels({label: value}), v)
+                   for name, label, value, v in series[t::targets]]
+        # A scrape's window (names filtered when read) and a probe's list, as the collector
+        # keeps them.
+        window = SampleWindow([s.name for s in samples], [s.labels for s in samples],
+                              np.array([s.value for s in samples], dtype=np.float64))
+        latest.put_window(f"t{t}", "metrics", T0, window)
+        latest.put(f"t{t}", "probe:p", T0, samples[:2])
+    collector = LiveCollector(Live(latest=latest), max_series=cap,
+                              registry=CollectorRegistry())
+    whole = generate_latest(collector)
+    pieces = list(collector.chunks(lines))
+    assert b"".join(pieces) == whole
+    for piece in pieces:
+        assert sum(not line.startswith(b"#") for line in piece.splitlines()) <= max(lines, 1)
+    # And the text holds what was put: every exported series once, the first of a clash.
+    families = {f.name: f for f in text_string_to_metric_families(whole.decode())}
+    shown = [(s.name, s.labels, s.value) for f in families.values() for s in f.samples
+             if s.name != "tritonwatch_exported_series"]
+    assert len({(n, tuple(sorted(lb.items()))) for n, lb, _ in shown}) == len(shown)
+    assert families["tritonwatch_exported_series"].samples[0].value == len(shown) <= cap
+    assert all(n.startswith(("tritonwatch_sli_", "tritonwatch_triton_")) for n, _, _ in shown)
+
+
+def test_series_that_export_alike_are_exported_once_and_each_takes_a_place_under_the_cap(
+) -> None:
+    latest = LatestValues()
+    latest.put("t", "metrics", T0, [Sample("sli:x", make_labels({"a.b": "1"}), 1.0),
+                                    Sample("sli:x", make_labels({"a_b": "1"}), 2.0),
+                                    Sample("sli:y", make_labels({}), 3.0),
+                                    Sample("sli:z", make_labels({}), 4.0)])
+    registry = CollectorRegistry()
+    collector = LiveCollector(Live(latest=latest), max_series=3, registry=registry)
+    m = metrics_of(b"".join(collector.chunks()).decode())
+    assert m["tritonwatch_sli_x"] == [({"target": "t", "a_b": "1"}, 1.0)]  # the first counts
+    assert m["tritonwatch_sli_y"] == [({"target": "t"}, 3.0)]
+    assert "tritonwatch_sli_z" not in m
+    assert m["tritonwatch_exported_series"] == [({}, 2.0)]
+    assert metrics_of(generate_latest(registry).decode())[
+        "tritonwatch_exported_series_dropped_total"] == [({}, 1.0)]
 
 
 def test_metrics_never_reads_the_database(tmp_path: Path):
