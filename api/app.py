@@ -6,8 +6,8 @@ answered by :mod:`api.errors` (400 naming the parameter, 422 over a limit, 503 w
 is down or the read pool is full).
 
 - /healthz answers from memory on the event loop, and /metrics from the live collector and the
-  registry (:func:`api.exporter.exposition`), streamed from a worker thread: neither touches
-  the database nor waits for the read pool (:mod:`api.pool`).
+  registry (:func:`api.exporter.exposition`), streamed piece by piece: neither touches the
+  database nor waits for a thread (:mod:`api.pool`).
 - Every store read runs in the API's :class:`~api.pool.ReadPool`.
 - The Prometheus-shaped reads (series, labels, query_range...) live in :mod:`api.prom`.
 - List answers (series, targets) take ``limit`` (default ``api.default_limit``, at most
@@ -19,7 +19,8 @@ is down or the read pool is full).
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import asyncio
+from collections.abc import AsyncIterator, Collection
 from typing import Annotated, Literal
 
 from fastapi import Depends, FastAPI, Query, Request, Response
@@ -30,7 +31,7 @@ from pydantic import BaseModel
 from tritonwatch.api.alerting import alerting_router
 from tritonwatch.api.auth import TokenAuth
 from tritonwatch.api.errors import bad_param, install_error_handlers
-from tritonwatch.api.exporter import Live, exposition, install_exporter
+from tritonwatch.api.exporter import Live, LiveCollector, exposition, install_exporter
 from tritonwatch.api.params import (
     decode_token,
     encode_token,
@@ -126,10 +127,7 @@ def create_app(
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics(request: Request) -> Response:
-        # A sync iterator: Starlette runs each step in a worker thread, so a scrape of
-        # 100,000 series neither blocks the event loop nor is held whole in memory.
-        return StreamingResponse(exposition(request.app.state.registry,
-                                            request.app.state.exporter),
+        return StreamingResponse(_pieces(request.app.state.registry, request.app.state.exporter),
                                  media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/api/v1/targets", response_model=TargetsOut)
@@ -158,3 +156,14 @@ def create_app(
         return response
 
     return app
+
+
+async def _pieces(registry: CollectorRegistry, exporter: LiveCollector) -> AsyncIterator[bytes]:
+    """/metrics' text, written on the event loop a piece at a time (about 20 ms of CPU each
+    at 1,000 targets), letting the loop's other work run in between.  Not in a worker thread:
+    each piece then cost two hand-overs of the GIL to and from the loop, and on a collector
+    busy parsing a fleet's scrapes one /metrics of 100,000 series took 11 s instead of 6
+    (measured with four busy threads)."""
+    for piece in exposition(registry, exporter):
+        yield piece
+        await asyncio.sleep(0)
