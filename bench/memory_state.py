@@ -1,7 +1,7 @@
 """What a fleet's steady-state collector memory is made of, structure by structure, in-process.
 
     .venv/bin/python -m bench.memory_state [--targets 1000] [--rounds 4] [--models 7 --gpus 2]
-        [--tracemalloc] [--metrics]
+        [--tracemalloc] [--metrics [--busy 4]]
 
 Feeds ``--rounds`` scrapes of each simulated target (``tests.payloads.Template``, as
 ``bench.fleet`` serves them) through the collector's own ingestion (``Collector._ingest``: the
@@ -15,7 +15,10 @@ adds the API, the scheduler and the transient peaks (``bench.fleet`` measures th
 ``--metrics`` then renders the collector's own /metrics of that state (the live SLIs), as the
 API streams it (``api.exporter.exposition``) and, for reference, whole (``generate_latest`` of
 every family at once, as the API did before stop 31): CPU, bytes, and the peak that
-``tracemalloc`` sees while each renders.
+``tracemalloc`` sees while each renders; then serves the API (uvicorn, as ``serve`` does) and
+reads /metrics over HTTP while asking /healthz every 5 ms: how long the read takes and the
+longest /healthz answer (how long the event loop stalled), with ``--busy`` threads running
+pure Python beside it (a collector busy parsing its fleet's scrapes holds the GIL as much).
 """
 
 from __future__ import annotations
@@ -24,22 +27,27 @@ import argparse
 import gc
 import sys
 import tempfile
+import threading
 import time
 import tracemalloc
 from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
+import uvicorn
 from prometheus_client import CollectorRegistry, generate_latest
 
+from bench.common import http_get, wait_until
+from tests.fixtures_pg import _free_port
 from tests.payloads import Template
 from tritonwatch import memory
+from tritonwatch.api.app import create_app
 from tritonwatch.api.exporter import Live, exposition, install_exporter
 from tritonwatch.collector import parse
 from tritonwatch.collector.derive import accumulate
 from tritonwatch.collector.jobs import Collector
 from tritonwatch.schemas.config import Config
-from tritonwatch.store import open_store
+from tritonwatch.store import Store, open_store
 
 _MIB = 1024 * 1024
 _ATOMIC = (int, float, bool, type(None), complex)
@@ -97,6 +105,8 @@ def main() -> None:
                         help="also list the top allocation lines after the last round")
     parser.add_argument("--metrics", action="store_true",
                         help="then render /metrics of that state, streamed and whole")
+    parser.add_argument("--busy", type=int, default=4,
+                        help="threads of pure Python while /metrics is read over HTTP")
     args = parser.parse_args()
     memory.tune_malloc()
     if args.tracemalloc:
@@ -163,6 +173,7 @@ def main() -> None:
                       f"{frame.filename}:{frame.lineno}")
         if args.metrics:
             render_metrics(collector)
+            serve_metrics(collector, store, args.busy)
         store.close()
 
 
@@ -195,6 +206,56 @@ def render_metrics(collector: Collector) -> None:
         print(f"/metrics {name:<8}: {size / _MIB:5.1f} MiB of text, "
               f"{sorted(cpu)[1] * 1000:6.0f} ms CPU (median of 3), peak "
               f"{peak / _MIB:5.1f} MiB allocated (tracemalloc), RSS now {_rss():.0f} MiB")
+
+
+def serve_metrics(collector: Collector, store: Store, busy: int) -> None:
+    """/metrics over HTTP, idle then beside ``busy`` threads (module docstring)."""
+    app = create_app(store, live=Live(latest=collector.latest))
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
+                                           log_level="warning"))
+    threading.Thread(target=server.run, daemon=True).start()
+    base = f"http://127.0.0.1:{port}"
+    wait_until(lambda: http_get(base + "/healthz", timeout=5), 30, "the API to answer")
+    stop = threading.Event()
+
+    def spin() -> None:
+        x = 0
+        while not stop.is_set():
+            for i in range(10_000):
+                x += i
+
+    try:
+        for label, threads in (("idle", 0), (f"{busy} busy threads", busy)):
+            spinners = [threading.Thread(target=spin, daemon=True) for _ in range(threads)]
+            for t in spinners:
+                t.start()
+            latencies: list[float] = []
+            done = threading.Event()
+
+            def ping(done: threading.Event = done, latencies: list[float] = latencies) -> None:
+                while not done.is_set():
+                    t0 = time.perf_counter()
+                    http_get(base + "/healthz", timeout=60)
+                    latencies.append(time.perf_counter() - t0)
+                    time.sleep(0.005)
+
+            pinger = threading.Thread(target=ping)
+            pinger.start()
+            t0 = time.perf_counter()
+            size = len(http_get(base + "/metrics", timeout=120))
+            took = time.perf_counter() - t0
+            done.set()
+            pinger.join(60)
+            stop.set()
+            for t in spinners:
+                t.join(10)
+            stop.clear()
+            print(f"/metrics over HTTP, {label}: {size / _MIB:.1f} MiB in {took:.2f} s; "
+                  f"/healthz answered {len(latencies)} times meanwhile, the slowest in "
+                  f"{max(latencies, default=0) * 1000:.0f} ms")
+    finally:
+        server.should_exit = True
 
 
 if __name__ == "__main__":
