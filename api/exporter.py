@@ -28,7 +28,8 @@ replaced by ``_``.
 Cardinality is bounded: at most ``api.max_exported_series`` series leave the live collector per
 scrape (alerts first, then SLOs, then SLIs in target order); the rest are counted in
 ``tritonwatch_exported_series_dropped_total`` and ``tritonwatch_exported_series`` says how many
-were exported.
+were exported.  The answer is streamed (:func:`exposition`): a scrape never holds all of its
+series at once (:class:`_Plan`).
 """
 
 from __future__ import annotations
