@@ -243,13 +243,7 @@ class LiveCollector(Collector):
         return plan
 
     def collect(self) -> Iterable[Metric]:
-        plan = self.plan()
-        families = []
-        for name, (doc, _) in plan.families.items():
-            family = GaugeMetricFamily(name, doc, labels=[])
-            family.samples.extend(PromSample(name, labels, value, None, None)
-                                  for labels, value in plan.samples(name))
-            families.append(family)
+        families = [_family(name, doc, batch) for name, doc, batch, _ in self._batches(None)]
         return [*families, _exported(sum(len(f.samples) for f in families))]
 
     def chunks(self, lines: int = CHUNK_LINES) -> Iterator[bytes]:
@@ -259,20 +253,27 @@ class LiveCollector(Collector):
         after the first lose their ``# HELP`` and ``# TYPE`` lines (two lines: the help text
         is escaped onto one), so the text is the same byte for byte (``tests/api``'s
         differential test holds it to that)."""
-        plan = self.plan()
         exported = 0
+        for name, doc, batch, first in self._batches(lines):
+            text = generate_latest(_One(_family(name, doc, batch)))
+            yield text if first else text.split(b"\n", 2)[2]
+            exported += len(batch)
+        yield generate_latest(_One(_exported(exported)))
+
+    def _batches(self, lines: int | None) -> Iterator[tuple[str, str, list[PromSample], bool]]:
+        """This scrape's series as ``(family, help, samples, first of the family)``, at most
+        ``lines`` samples each (None: a family whole)."""
+        plan = self.plan()
         for name, (doc, _) in plan.families.items():
             first = True
             batch: list[PromSample] = []
             for labels, value in plan.samples(name):
                 batch.append(PromSample(name, labels, value, None, None))
                 if len(batch) == lines:
-                    yield _text(name, doc, batch, first)
-                    exported, first, batch = exported + len(batch), False, []
+                    yield name, doc, batch, first
+                    first, batch = False, []
             if batch:
-                yield _text(name, doc, batch, first)
-                exported += len(batch)
-        yield generate_latest(_One(_exported(exported)))
+                yield name, doc, batch, first
 
     def _alerts(self, out: _Plan) -> None:
         engine = self.live.engine
@@ -344,11 +345,10 @@ def _exported(n: int) -> GaugeMetricFamily:
         "(SLIs, SLO status, alerts), at most api.max_exported_series", value=n)
 
 
-def _text(name: str, doc: str, samples: list[PromSample], header: bool) -> bytes:
+def _family(name: str, doc: str, samples: list[PromSample]) -> GaugeMetricFamily:
     family = GaugeMetricFamily(name, doc, labels=[])
     family.samples = samples
-    text = generate_latest(_One(family))
-    return text if header else text.split(b"\n", 2)[2]
+    return family
 
 
 def exposition(registry: CollectorRegistry, live: LiveCollector) -> Iterator[bytes]:

@@ -56,9 +56,9 @@ class SampleWindow(Sequence[Sample]):
     def __len__(self) -> int:
         return self._hi - self._lo
 
-    def names(self) -> list[str]:
+    def names(self) -> Sequence[str]:
         """The samples' names, without building the samples."""
-        return list(self._names[self._lo:self._hi])
+        return self._names[self._lo:self._hi]
 
     @overload
     def __getitem__(self, i: int) -> Sample: ...
