@@ -215,6 +215,17 @@ def peak_rss_mib(pid: int) -> float:
     return _status_kib(pid, "VmHWM") / 1024
 
 
+def reset_peak_rss(pid: int) -> bool:
+    """Set ``pid``'s VmHWM back to its RSS now (Linux: ``5`` into ``/proc/PID/clear_refs``), so
+    that a later :func:`peak_rss_mib` is the peak since; False where that is not allowed."""
+    try:
+        with open(f"/proc/{pid}/clear_refs", "w", encoding="ascii") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
 def rss_mib(pid: int) -> float:
     return _status_kib(pid, "VmRSS") / 1024
 

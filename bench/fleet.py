@@ -13,7 +13,8 @@ interval of warm-up plus ``--duration`` seconds.  A size is **kept** when no scr
 * the scheduler reported no missed run (``tritonwatch_job_missed_total`` on /metrics).
 
 Reported per size: scrapes expected and found, the slowest scrape (``scrape_duration_seconds``),
-CPU of the process over the window (as a share of one core), and peak RSS (VmHWM).  With
+CPU of the process over the window (as a share of one core), and peak RSS (VmHWM), also per
+phase: start-up, the window, and one read of /metrics after it.  With
 ``--interval`` below 15 the run is time-scaled: the load per second is 15/interval times that of
 a real 15 s fleet of the same size, which says so in the output.
 """
@@ -37,6 +38,7 @@ from bench.common import (
     http_get,
     peak_rss_mib,
     process_tree_cpu,
+    reset_peak_rss,
     rss_mib,
     simulated_fleet,
     wait_until,
@@ -56,8 +58,12 @@ class Size:
     missed_jobs: float
     slowest_scrape_s: float
     cpu_s: float
-    peak_rss_mib: float
+    peak_rss_mib: float  # the whole run's (VmHWM)
     end_rss_mib: float
+    #: The peak of each phase (0 where the kernel would not reset VmHWM between them): the
+    #: start-up and first scrape of every target, the measured window, and the one read of
+    #: /metrics after it (``_missed``, as a Prometheus scraping the collector would).
+    phase_peaks_mib: tuple[float, float, float]
     rss_timeline: list[tuple[float, float]]  # (s into the window, RSS MiB), once a second
     #: (s into the window, duration s) of every scrape slower than SLOW_SCRAPE_S
     slow_scrapes: list[tuple[float, float]]
@@ -109,14 +115,20 @@ def run_size(fleet: Fleet, targets: int, interval: float, duration: float,
             wait_until(lambda: http_get(f"http://127.0.0.1:{port}/api/v1/targets") != "", 120,
                        "tritonwatch serve to answer")
             time.sleep(interval + 2)  # every target scraped once: series created, baselines
+            startup_peak = peak_rss_mib(proc.pid)
+            resets = reset_peak_rss(proc.pid)
             c0, t0, wall0 = process_tree_cpu(proc.pid), time.perf_counter(), time.time()
             timeline: list[tuple[float, float]] = []
             while (now := time.perf_counter()) < t0 + duration:
                 timeline.append((now - t0, rss_mib(proc.pid)))
                 time.sleep(min(1.0, t0 + duration - now))
             c1, t1, wall1 = process_tree_cpu(proc.pid), time.perf_counter(), time.time()
+            window_peak = peak_rss_mib(proc.pid)
+            resets = reset_peak_rss(proc.pid) and resets
             missed = _missed(port)
-            peak, end_rss = peak_rss_mib(proc.pid), rss_mib(proc.pid)
+            metrics_peak, end_rss = peak_rss_mib(proc.pid), rss_mib(proc.pid)
+            peak = max(startup_peak, window_peak, metrics_peak)
+            phases = (startup_peak, window_peak, metrics_peak) if resets else (0.0, 0.0, 0.0)
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=300)
@@ -140,7 +152,7 @@ def run_size(fleet: Fleet, targets: int, interval: float, duration: float,
     short = sum(1 for i in range(targets) if found.get(f"triton-{i}", 0) < expected)
     down = sum(int(d or 0) for _, _, d in rows)
     return Size(targets, fleet.series, t1 - t0, expected, short, down, missed,
-                slowest, c1 - c0, peak, end_rss, timeline, slow)
+                slowest, c1 - c0, peak, end_rss, phases, timeline, slow)
 
 
 #: A scrape slower than this is listed (issue 22: none slower than 5 s).
@@ -208,6 +220,9 @@ def main() -> None:
               f"{100 * r.cpu_s / r.window_s:>6.0f} {r.peak_rss_mib:>12.0f} "
               f"{r.end_rss_mib:>11.0f} "
               f"{'yes' if r.kept else 'NO':>5}", flush=True)
+        if any(r.phase_peaks_mib):
+            print("  peak RSS MiB by phase: start-up and first scrapes {:.0f}, the window {:.0f}, "
+                  "one /metrics read after it {:.0f}".format(*r.phase_peaks_mib))
         if args.rss_every > 0:
             print_timeline(r.rss_timeline, args.rss_every)
         print_slow(r.slow_scrapes, args.rss_every or 60.0)
