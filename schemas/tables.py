@@ -44,7 +44,9 @@ from sqlalchemy import (
 #: not list its flushes); ``store.migrate.rekey_sample_log`` converts.
 #: 8: ``sample_log`` rows may list their series ids as runs, which 7 would drop as damaged;
 #: nothing to convert.
-SCHEMA_VERSION = 8
+#: 9: compact ``sample_log`` rows may hold their values as int32s, which 8 would drop as
+#: damaged; nothing to convert.
+SCHEMA_VERSION = 9
 
 # Named constraints keep future migrations (ALTER ... DROP CONSTRAINT name) portable.
 metadata = MetaData(

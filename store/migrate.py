@@ -36,6 +36,10 @@ tritonwatch, whose flushes would not be listed, off.
 Version 7 -> 8: nothing to convert.  Log rows may list their series ids as runs
 (``store.samplelog``, "Row format"), which version 7 would take for damaged rows and drop:
 the bump keeps it off.
+
+Version 8 -> 9: nothing to convert.  Compact log rows may hold their values as int32s
+(``store.samplelog``, "Row format"), which version 8 would take for damaged rows: the bump
+keeps it off.
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@ reading through it, and moving it into chunks without changing any answer."""
 
 from __future__ import annotations
 
+import math
 from contextlib import nullcontext
 from typing import Any
 
@@ -105,6 +106,12 @@ _DAMAGED = [
     np.array([-(2**40 + 2), 7, 1, 2**63 - 1, 2, 5, 5], "<i8").tobytes(),  # ids past int64
     np.array([-(2**62), 7, 1, 10, 2, 5, 5], "<i8").tobytes(),  # a huge k
     np.array([-(2**40 + 1), 7, 1, 10], "<i8").tobytes(),  # no room for its value
+    # Compact rows with int32 values: -(2**41 [+ 2**40] + k), ts, ids or runs, values.
+    np.array([-(2**41 + 3), 7, 1, 2, 3, 5], "<i8").tobytes(),  # a value short
+    np.array([-(2**41 + 1), 7, 1, 5 + (1 << 32)], "<i8").tobytes(),  # odd k, upper half set
+    np.array([-(2**41 + 2**40 + 3), 7, 1, 10, 3, 5], "<i8").tobytes(),  # a value short
+    np.array([-(2**42), 7, 1, 5], "<i8").tobytes(),  # flags beyond both
+    np.array([-(2**41 + 2), 7, 1, 2, 5, 5], "<i8").tobytes(),  # a word too many
 ]
 
 
@@ -128,19 +135,34 @@ def test_one_scrape_rows_are_compact_and_decode_with_any_rows_bit_for_bit(
     codes = np.array([name_of[int(i)] for i in ids], np.int64)
     stamps = {k: data.draw(st.integers(0, 3_599_999)) for k in range(kinds)}
     ts = np.array([T * 1000 + stamps[int(c)] for c in codes], np.int64)
-    values = np.array(data.draw(st.lists(_value_bits, min_size=n, max_size=n)),
-                      np.uint64).view(np.float64)
+    # Any bits, or whole numbers around the int32 range (which a row packs when all its
+    # values are: not -0.0, not one past either end).
+    whole = st.one_of(st.integers(-(2**31) - 2, 2**31 + 1).map(float),
+                      st.sampled_from([-0.0, 0.0, 1.0, -(2.0**31), 2.0**31 - 1, 2.0**31]))
+    if data.draw(st.booleans()):
+        values = np.array(data.draw(st.lists(_value_bits, min_size=n, max_size=n)),
+                          np.uint64).view(np.float64)
+    else:
+        values = np.array(data.draw(st.lists(whole, min_size=n, max_size=n)), np.float64)
     index = (ids, codes, [f"m{k}" for k in range(kinds)])
     rows = samplelog.log_rows(3, samplelog.named_columns("t", (ids, ts, values), index))
     assert len(rows) == len(set(codes.tolist()))
+    packed_rows = 0
     for r in rows:
         mine = ids[codes == int(r[1][1:])]
+        vals = values[codes == int(r[1][1:])]
         runs = 1 + int(np.count_nonzero(np.diff(mine) != 1))
         assert r[3] == r[4] and r[5] == len(mine)
+        packed = all(v.is_integer() and -(2**31) <= v < 2**31 and not (v == 0 and
+                                                                       math.copysign(1, v) < 0)
+                     for v in vals.tolist())
+        packed_rows += packed
+        value_words = (r[5] + 1) // 2 if packed else r[5]
         # -k, ts, ids, values; or -(2**40 + k), ts, the number of runs, (first, length) per
-        # run, values
-        assert len(r[6]) == 8 * min(2 + 2 * r[5], 3 + 2 * runs + r[5] if 2 * runs + 1 < r[5]
-                                    else 2 + 2 * r[5])
+        # run, values; values as int32s, two a word, where all are whole and fit one.
+        assert len(r[6]) == 8 * (3 + 2 * runs + value_words if 2 * runs + 1 < r[5]
+                                 else 2 + r[5] + value_words)
+        assert (-np.frombuffer(r[6][:8], "<i8")[0] >= 2**41) == packed
     # Decoded beside a row of the other layout (two samples of one series), as a read does.
     other = samplelog.log_rows(4, samplelog.named_columns(
         "t", (np.array([999, 999]), np.array([T * 1000, T * 1000 + 15_000]),
@@ -573,7 +595,7 @@ def test_a_schema_6_log_is_rekeyed_and_its_flushes_listed(store_url: str) -> Non
         s.close()
 
 
-def test_a_schema_7_store_opens_as_8_and_its_rows_of_both_layouts_read(
+def test_a_schema_7_store_opens_as_9_and_its_rows_of_every_layout_read(
     store_url: str,
 ) -> None:
     from tritonwatch.store import open_store
@@ -581,12 +603,13 @@ def test_a_schema_7_store_opens_as_8_and_its_rows_of_both_layouts_read(
     old = open_store(store_url)
     old.migrations.apply()
     old.write("t", T + 15, [Sample("x", make_labels({"i": str(i)}), 10.0 + i) for i in range(4)])
-    old.flush()  # four consecutive ids: listed as one run
+    old.flush()  # four consecutive ids: listed as one run; whole values: packed (schema 9)
     with transaction(raw_engine(old), write=True) as conn:
         ids = conn.execute(select(t.series.c.id).where(t.series.c.name == "x")
                            .order_by(t.series.c.labels)).scalars().all()
         (ranged,) = conn.execute(select(t.sample_log.c.data)).scalars().all()
-        assert np.frombuffer(ranged, "<i8")[0] == -(2**40 + 4)
+        assert np.frombuffer(ranged, "<i8")[0] == -(2**41 + 2**40 + 4)
+        assert len(ranged) == 8 * (3 + 2 + 2)
         # Version 7's compact layout (ids listed), as it wrote every one-scrape row.
         seq = next_seq(conn)
         data = np.array([-4, T * 1000, *ids, 0, 0, 0, 0], "<i8")
@@ -600,7 +623,7 @@ def test_a_schema_7_store_opens_as_8_and_its_rows_of_both_layouts_read(
         s.migrations.apply()
         with transaction(raw_engine(s), write=False) as conn:
             assert conn.execute(select(t.meta.c.value).where(
-                t.meta.c.key == "schema_version")).scalar_one() == "8"
+                t.meta.c.key == "schema_version")).scalar_one() == str(t.SCHEMA_VERSION) == "9"
         got = s.read(Query("x", start=T, end=T + 60)).series()
         assert [d.values for d in got] == [(1.5 + i, 10.0 + i) for i in range(4)]
         _move(s)
