@@ -267,9 +267,9 @@ def _values_of(families: list[MetricFamily]) -> Values:
 
 def _matcher_for(text: str, values: Values) -> _Matcher | None:
     """A matcher for ``text`` (which the fast path accepted), or None if it cannot be built."""
-    if len(text) > MAX_LINE_CHARS and max(map(len, text.split("\n"))) > MAX_LINE_CHARS - 256:
-        return None  # a longer value could push a line over the limit: leave that to parse
     lines = text.split("\n")
+    if len(text) > MAX_LINE_CHARS and max(map(len, lines)) > MAX_LINE_CHARS - 256:
+        return None  # a longer value could push a line over the limit: leave that to parse
     heads, spaces, tokens = _split_lines(lines)
     # A sample line: not a comment, and a space before a last token.  Its head is never empty
     # on a payload the fast path accepted (a name comes first); requiring it keeps equal heads

@@ -350,12 +350,12 @@ class _Rows:
         compact = head < 0
         # A compact row's header is -(flags + k): at most _PACKED + _RANGED + k.  Anything
         # beyond that (-2**63 included, whose negation wraps) is refused below as a huge k.
-        flags = np.where(compact & (head > -(2 * _PACKED)), -head, 0)
+        flagged = compact & (head > -(2 * _PACKED))
+        flags = np.where(flagged, -head, 0)
         packed = flags >= _PACKED
         flags -= np.where(packed, _PACKED, 0)
         ranged = flags >= _RANGED
-        k = np.where(compact, np.where(head > -(2 * _PACKED),
-                                       flags - np.where(ranged, _RANGED, 0), -1), head)
+        k = np.where(compact, np.where(flagged, flags - np.where(ranged, _RANGED, 0), -1), head)
         value_words = np.where(packed, (k + 1) // 2, k)
         # Compared before any arithmetic on them: a damaged count must not wrap around.  A
         # chunk takes at least 4 words (id, count, a sample's two), a compact one 2 (a value
@@ -396,9 +396,9 @@ class _Rows:
         self.seqs = np.asarray(seqs, np.int64)[row]
         if ranged.any():
             self._runs(words, row_at, ranged, runs, k, row, pos)
-        if packed.any():
-            self.vat[self.packed] = 2 * (self.vat[self.packed] - pos[self.packed]) + pos[
-                self.packed]
+        if packed.any():  # the values start on a word: value i is int32 2 * start + i
+            on = self.packed
+            self.vat[on] = 2 * self.vat[on] - pos[on]
 
     def _runs(self, words: npt.NDArray[np.int64], row_at: npt.NDArray[np.int64],
               ranged: npt.NDArray[np.bool_], runs: npt.NDArray[np.int64],
