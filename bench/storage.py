@@ -51,8 +51,8 @@ from tritonwatch.store import chunks as ck
 from tritonwatch.store import open_store
 
 HOUR_MS = 3_600_000
-TABLES = ("sample_chunks", "chunk_timestamps", "sample_log", "series", "rollup_chunks_5m",
-          "rollup_chunks_1h", "meta")
+TABLES = ("sample_chunks", "chunk_timestamps", "sample_log", "sample_log_owners", "series",
+          "rollup_chunks_5m", "rollup_chunks_1h", "meta")
 
 
 def hour_chunks(day: Day) -> list[tuple[np.ndarray, np.ndarray]]:

@@ -46,7 +46,9 @@ from sqlalchemy import (
 #: nothing to convert.
 #: 9: compact ``sample_log`` rows may hold their values as int32s, which 8 would drop as
 #: damaged; nothing to convert.
-SCHEMA_VERSION = 9
+#: 10: ``sample_log`` rows name their target and metric by an ``owner`` id
+#: (``sample_log_owners``) instead of two texts; ``store.migrate.own_sample_log`` converts.
+SCHEMA_VERSION = 10
 
 # Named constraints keep future migrations (ALTER ... DROP CONSTRAINT name) portable.
 metadata = MetaData(
@@ -130,22 +132,37 @@ chunk_timestamps = Table(
 # flushes inserted into every (target, name) range of the key, rewriting nearly all of its
 # pages (at 300 targets, 51 B written per sample after a move, 165 B five minutes later).
 # Readers find the flushes overlapping their window in ``sample_log_flushes``, then the rows
-# by key.
+# by key.  A row names its target and metric by ``owner`` (``sample_log_owners``): the two
+# texts (schemas 7 to 9) were some 40 of a row's bytes, a row being ten samples or so, and
+# every byte of the log is written twice (WAL, checkpoint) and again when it moves.
 sample_log = Table(
     "sample_log",
     metadata,
-    Column("target", Text, nullable=False),
-    Column("name", Text, nullable=False),
+    Column("owner", SeriesId, nullable=False),
     Column("seq", BigInteger, nullable=False),
     Column("start_ms", BigInteger, nullable=False),
     Column("end_ms", BigInteger, nullable=False),
     Column("n", Integer, nullable=False),  # samples
     Column("data", LargeBinary, nullable=False),
     # ``start_ms``: a flush writes a row per hour it holds samples of (moved an hour at a time).
-    PrimaryKeyConstraint("seq", "target", "name", "start_ms"),
+    PrimaryKeyConstraint("seq", "owner", "start_ms"),
     # On SQLite the rows live in the key's B-tree (appended too, the key leading with seq):
     # a rowid table kept each row's key twice, in the rows and in the index.
     sqlite_with_rowid=False,
+)
+
+# The (target, metric name) pairs the log's rows belong to, by id (``sample_log.owner``).
+# ``resolved_at`` as in ``series``: writers refresh it when they look an owner up (a layout's
+# names, every ``store.flush.SERIES_CACHE_TTL_S``), and retention deletes only owners left
+# without series that no writer has resolved for longer than raw retention.
+sample_log_owners = Table(
+    "sample_log_owners",
+    metadata,
+    Column("id", SeriesId, primary_key=True, autoincrement=True),
+    Column("target", Text, nullable=False),
+    Column("name", Text, nullable=False),
+    Column("resolved_at", BigInteger, nullable=False),
+    UniqueConstraint("target", "name"),
 )
 
 # One row per flush with rows in ``sample_log``: its ``seq`` and the oldest and newest sample

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 from sqlalchemy import Engine
 
 from tritonwatch.schemas.samples import Labels
@@ -30,6 +31,7 @@ from tritonwatch.store.write import (
     SeriesKeyTuple,
     name_index,
     next_seq,
+    resolve_owners,
     resolve_series,
     sample_columns,
     target_groups,
@@ -112,6 +114,9 @@ class SampleWriter:
             return 0
         if stale:
             self._resolve_layouts(list(stale.values()))
+        unowned = {id(lay): lay for lay, _, _, _ in work if lay.owners is None}
+        if unowned:
+            self._resolve_owners(list(unowned.values()))
         layouts.update(current)
         refusals = self._refusals(work)
         if not sum(len(values) - nan for _, _, values, nan in work):
@@ -277,6 +282,37 @@ class SampleWriter:
             resolved.update(ids)  # only once committed
             resolved.update(dict.fromkeys(refused, REFUSED))
         return resolved
+
+    def _resolve_owners(self, lays: list[Layout]) -> None:
+        """Give ``lays`` the log owners of their names (``sample_log_owners``): a layout that
+        replaces its target's previous one takes that one's by name; the rest (new names, a
+        target's first or expired layout) are looked up, or created, and committed before
+        any row refers to them.  Set only once all are known: a failed lookup leaves the
+        layouts to try again at the next flush."""
+        found: list[tuple[Layout, list[str], npt.NDArray[np.int64]]] = []
+        keys: set[tuple[str, str]] = set()
+        for lay in lays:
+            _, names = lay.name_codes()
+            prev = self._layouts.get(lay.target)
+            known: dict[str, int] = {}
+            if prev is not None and prev.owners is not None:
+                known = dict(zip(prev.name_codes()[1], prev.owners.tolist(), strict=True))
+            owners = np.fromiter((known.get(name, UNRESOLVED) for name in names), np.int64,
+                                 len(names))
+            keys.update((lay.target, names[i])
+                        for i in np.flatnonzero(owners == UNRESOLVED).tolist())
+            found.append((lay, names, owners))
+        resolved: dict[tuple[str, str], int] = {}
+        ordered = sorted(keys)
+        now_ms = round(time.time() * 1000)
+        for lo in range(0, len(ordered), RESOLVE_SLICE):
+            with transaction(self._engine, write=True) as conn:
+                resolved.update(resolve_owners(conn, ordered[lo : lo + RESOLVE_SLICE],
+                                               now_ms=now_ms))
+        for lay, names, owners in found:
+            holes = np.flatnonzero(owners == UNRESOLVED)
+            owners[holes] = [resolved[(lay.target, names[i])] for i in holes.tolist()]
+            lay.owners = owners
 
     def _expire_layouts(self, now: float) -> None:
         """Forget layouts resolved more than SERIES_CACHE_TTL_S ago, a few per flush.

@@ -28,10 +28,10 @@ database; the chunks already stored stay as they are and readable.
 
 Version 6 -> 7: ``sample_log`` is keyed ``(seq, target, name, start_ms)`` instead of
 ``(target, name, seq)`` and each flush is listed in ``sample_log_flushes``
-(``store.samplelog``).  The log holds an hour of samples or so, so
-:func:`rekey_sample_log` rewrites it in the upgrade's own transaction (SQLite cannot change
-a primary key in place: the table is copied), and lists its flushes; the bump keeps an older
-tritonwatch, whose flushes would not be listed, off.
+(``store.samplelog``).  The log holds an hour of samples or so, so the upgrade rewrites it
+in its own transaction (:func:`own_sample_log`, which also gives it version 10's owners) and
+lists its flushes; the bump keeps an older tritonwatch, whose flushes would not be listed,
+off.
 
 Version 7 -> 8: nothing to convert.  Log rows may list their series ids as runs
 (``store.samplelog``, "Row format"), which version 7 would take for damaged rows and drop:
@@ -40,11 +40,17 @@ the bump keeps it off.
 Version 8 -> 9: nothing to convert.  Compact log rows may hold their values as int32s
 (``store.samplelog``, "Row format"), which version 8 would take for damaged rows: the bump
 keeps it off.
+
+Version 9 -> 10: ``sample_log`` rows name their target and metric by an ``owner`` id
+(``sample_log_owners``) instead of two texts.  :func:`own_sample_log` creates an owner per
+(target, name) the log holds and copies the log into the new table, in the upgrade's own
+transaction (an hour of samples or so; SQLite cannot drop a key column in place).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from contextlib import AbstractContextManager
 
 import numpy as np
@@ -183,32 +189,35 @@ def recompress_chunks(conn: Connection) -> int | None:
     return window
 
 
-LOG_KEY = ["seq", "target", "name", "start_ms"]
-
-
-def rekey_sample_log(conn: Connection) -> bool:
-    """Give a version 3 to 6 ``sample_log`` its version 7 key and list its flushes in
-    ``sample_log_flushes``; returns whether there was anything to do."""
-    if inspect(conn).get_pk_constraint("sample_log")["constrained_columns"] == LOG_KEY:
+def own_sample_log(conn: Connection, *, list_flushes: bool) -> bool:
+    """Give a version 3 to 9 ``sample_log`` (rows keyed by target and name texts) version 10's
+    shape: an owner per (target, name) in ``sample_log_owners``, the rows copied in ``seq``
+    order under the new key; with ``list_flushes`` (versions 3 to 6), list its flushes in
+    ``sample_log_flushes``.  Returns whether there was anything to do."""
+    if "owner" in {col["name"] for col in inspect(conn).get_columns("sample_log")}:
         return False
-    cols = ", ".join(c.name for c in t.sample_log.columns)
-    if conn.dialect.name == "postgresql":
-        conn.exec_driver_sql(
-            "ALTER TABLE sample_log DROP CONSTRAINT pk_sample_log, "
-            "ADD CONSTRAINT pk_sample_log PRIMARY KEY (seq, target, name, start_ms)"
-        )
-    else:
-        conn.exec_driver_sql("ALTER TABLE sample_log RENAME TO sample_log_v6")
-        t.sample_log.create(conn)
-        conn.exec_driver_sql(
-            f"INSERT INTO sample_log ({cols}) SELECT {cols} FROM sample_log_v6 ORDER BY seq"
-        )
-        conn.exec_driver_sql("DROP TABLE sample_log_v6")
-    c = t.sample_log.c
-    conn.execute(insert(t.sample_log_flushes).from_select(
-        ["seq", "start_ms", "end_ms"],
-        select(c.seq, func.min(c.start_ms), func.max(c.end_ms)).group_by(c.seq),
-    ))
+    old = "sample_log_v9"
+    conn.exec_driver_sql(f"ALTER TABLE sample_log RENAME TO {old}")
+    if conn.dialect.name == "postgresql":  # the new table's key takes the name
+        conn.exec_driver_sql(f"ALTER TABLE {old} RENAME CONSTRAINT pk_sample_log TO pk_{old}")
+    t.sample_log.create(conn)
+    # ``WHERE true``: SQLite would read ``ON CONFLICT`` as a join's ``ON`` otherwise.
+    conn.execute(text(
+        f"INSERT INTO sample_log_owners (target, name, resolved_at) "
+        f"SELECT DISTINCT target, name, :now FROM {old} WHERE true ON CONFLICT DO NOTHING"
+    ), {"now": round(time.time() * 1000)})
+    conn.exec_driver_sql(
+        f"INSERT INTO sample_log (owner, seq, start_ms, end_ms, n, data) "
+        f"SELECT o.id, l.seq, l.start_ms, l.end_ms, l.n, l.data FROM {old} l "
+        f"JOIN sample_log_owners o ON o.target = l.target AND o.name = l.name ORDER BY l.seq"
+    )
+    conn.exec_driver_sql(f"DROP TABLE {old}")
+    if list_flushes:
+        c = t.sample_log.c
+        conn.execute(insert(t.sample_log_flushes).from_select(
+            ["seq", "start_ms", "end_ms"],
+            select(c.seq, func.min(c.start_ms), func.max(c.end_ms)).group_by(c.seq),
+        ))
     return True
 
 
@@ -261,6 +270,6 @@ class Migrations:
                         # finds version 5 and marks nothing twice (harmless anyway).  From
                         # version 4, compaction merges the hour chunks into 6 h spans.
                         recompress_chunks(conn)
-                    if int(stored) < 7:
-                        rekey_sample_log(conn)
+                    if int(stored) < 10:
+                        own_sample_log(conn, list_flushes=int(stored) < 7)
                     set_meta(conn, "schema_version", str(t.SCHEMA_VERSION))

@@ -184,7 +184,9 @@ def delete_empty_series(engine: Engine, *, resolved_before_ms: int) -> int:
     The ``resolved_at`` guard closes the race with a writer that has just looked up (or
     created) a series and is about to insert its first samples: that lookup refreshed
     ``resolved_at``, so the series is not deleted under it.  Series of a (target, name) with
-    rows in the log are all kept: which series a row holds is inside its data.
+    rows in the log are all kept: which series a row holds is inside its data.  The log
+    owners (``sample_log_owners``) of the (target, name) pairs left without series go too,
+    under the same ``resolved_at`` rule (a writer's layout refreshes its owners').
     """
     s = t.series
     empty = [
@@ -198,17 +200,17 @@ def delete_empty_series(engine: Engine, *, resolved_before_ms: int) -> int:
         ).all()
         if not found:
             return 0
-        # The log's rows name their series by target and name (which series is inside the
-        # data); the log is keyed by flush first, so it is searched per flush for these only,
-        # not scanned.
-        c, f = t.sample_log.c, t.sample_log_flushes.c
+        # The log's rows name their series by owner, a target and name (which series is
+        # inside the data); the log is keyed by flush first, so it is searched per flush for
+        # these owners only, not scanned.
+        c, f, o = t.sample_log.c, t.sample_log_flushes.c, t.sample_log_owners.c
         owners = sorted({(r.target, r.name) for r in found})
         logged: set[tuple[str, str]] = set()
         for i in range(0, len(owners), _OWNERS_PER_QUERY):
             logged.update(tuple(r) for r in conn.execute(
-                select(c.target, c.name).distinct().where(
-                    c.seq.in_(select(f.seq)),
-                    tuple_(c.target, c.name).in_(owners[i : i + _OWNERS_PER_QUERY]),
+                select(o.target, o.name).where(
+                    tuple_(o.target, o.name).in_(owners[i : i + _OWNERS_PER_QUERY]),
+                    exists().where(c.seq.in_(select(f.seq)), c.owner == o.id),
                 )
             ))
         gone = [r.id for r in found if (r.target, r.name) not in logged]
@@ -219,6 +221,13 @@ def delete_empty_series(engine: Engine, *, resolved_before_ms: int) -> int:
                 s.c.resolved_at < resolved_before_ms,
             ))
             deleted += max(result.rowcount, 0)
+        left = sorted({(r.target, r.name) for r in found} - logged)
+        for i in range(0, len(left), _OWNERS_PER_QUERY):
+            conn.execute(delete(t.sample_log_owners).where(
+                tuple_(o.target, o.name).in_(left[i : i + _OWNERS_PER_QUERY]),
+                o.resolved_at < resolved_before_ms,
+                ~exists().where(s.c.target == o.target, s.c.name == o.name),
+            ))
     return deleted
 
 

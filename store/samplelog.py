@@ -24,7 +24,7 @@ counts; not -0.0) adds ``2**41`` to that ``k`` and stores them as little-endian 
 word, the last word's upper half 0 when ``k`` is odd (schema 9): at 566 series, three in four
 values are, and a flush wrote 41.6 -> 35.0 bytes a sample (``bench.writes``, 100 targets).
 ``start_ms`` and ``end_ms`` are the row's oldest and newest sample, ``n`` its samples;
-``name`` the name of all of its series.
+``owner`` (``sample_log_owners``) the target and name of all of its series.
 
 The last-write rule still holds.  A log row carries its flush's ``seq``, so readers simply treat
 its chunks as chunks (:func:`read`).  :func:`transpose` moves *every* log row that ends before
@@ -43,12 +43,11 @@ chunk and row of their series (a series belongs to one target and name: one log 
 
 from __future__ import annotations
 
-import functools
 import logging
 import struct
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
-from itertools import repeat
+from itertools import groupby, repeat
 from operator import itemgetter
 from typing import Any, NamedTuple
 
@@ -84,6 +83,7 @@ from tritonwatch.store.write import (
     PG_COPY_HEADER,
     PG_COPY_TRAILER,
     PG_LOCK_ROLLUP,
+    NameIndex,
     SampleColumns,
     get_meta,
     insert_chunks,
@@ -122,11 +122,9 @@ _LE_F64 = np.dtype("<f8")
 _LE_I32 = np.dtype("<i4")
 
 
-#: One ``sample_log`` row, in the table's column order: ``(target, name, seq, start_ms, end_ms,
-#: n, data)``.
-LogRow = tuple[str, str, int, int, int, int, bytes]
-
-NameIndex = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], list[str]]
+#: One ``sample_log`` row, in the table's column order: ``(owner, seq, start_ms, end_ms, n,
+#: data)``.
+LogRow = tuple[int, int, int, int, int, bytes]
 
 
 def named_columns(
@@ -135,22 +133,22 @@ def named_columns(
     names: NameIndex,
 ) -> SampleColumns:
     """One target's ``(ids, ts, values)``, each series' samples together and in time order,
-    with each sample's log row (its name) found by its id in ``names``
+    with each sample's log row (its name's owner) found by its id in ``names``
     (``write.Layout.name_index``, which must hold every id)."""
     sids, ts, values = columns
-    index_ids, index_codes, index_names = names
+    index_ids, index_codes, index_owners = names
     rows = np.empty(0, np.int64)
     if len(sids):
         pos = np.minimum(np.searchsorted(index_ids, sids), len(index_ids) - 1)
         if not len(index_ids) or not (index_ids[pos] == sids).all():
             raise ValueError(f"sample_log rows of {target!r}: a series id has no name")
         rows = index_codes[pos]
-    return SampleColumns(sids, ts, values, rows, [(target, name) for name in index_names])
+    return SampleColumns(sids, ts, values, rows, index_owners)
 
 
 def log_rows(seq: int, columns: SampleColumns) -> list[LogRow]:
     """The ``sample_log`` rows of ``columns`` (``write.sample_columns``) written by flush
-    ``seq``: one per ``(target, name)`` of ``columns.keys`` that has samples.
+    ``seq``: one per owner (target and name) of ``columns.owners`` that has samples.
 
     Built column-wise, a flush's group of targets at once: the rows' headers in one array,
     each row's bytes one slice of it and one of the chunks' data (a fleet's flush is tens of
@@ -166,7 +164,7 @@ def log_rows(seq: int, columns: SampleColumns) -> list[LogRow]:
     compact = _compact_rows(seq, columns)
     if compact is not None:
         return compact
-    sids, ts, values, row_of, keys = columns
+    sids, ts, values, row_of, owners = columns
     chunks = encode(sids, ts, values)
     codes = row_of[chunks.offsets // 16]
     starts, ends = run_bounds(codes)
@@ -193,9 +191,8 @@ def log_rows(seq: int, columns: SampleColumns) -> list[LogRow]:
             (chunks.offsets[last] + chunks.sizes[last]).tolist(), strict=True,
         )
     ]
-    row_keys = list(map(keys.__getitem__, codes[starts].tolist()))
     return list(zip(
-        map(itemgetter(0), row_keys), map(itemgetter(1), row_keys), repeat(seq),
+        owners[codes[starts]].tolist(), repeat(seq),
         np.minimum.reduceat(chunks.start_ms, starts).tolist(),
         np.maximum.reduceat(chunks.end_ms, starts).tolist(),
         np.add.reduceat(chunks.n, starts).tolist(), datas,
@@ -206,7 +203,7 @@ def _compact_rows(seq: int, columns: SampleColumns) -> list[LogRow] | None:
     """The rows of ``columns`` (grouped by row: :func:`_by_row`) in the compact layout (module
     docstring), or None unless each row is one scrape: every series one sample, a row's
     samples at one instant."""
-    sids, ts, values, row_of, keys = columns
+    sids, ts, values, row_of, owners = columns
     if not len(sids) or (sids[1:] == sids[:-1]).any():
         return None
     starts, ends = run_bounds(row_of)
@@ -260,12 +257,9 @@ def _compact_rows(seq: int, columns: SampleColumns) -> list[LogRow] | None:
     buf = words.tobytes()
     datas = [buf[a:b] for a, b in zip((8 * row_at).tolist(), (8 * row_end).tolist(),
                                       strict=True)]
-    row_keys = list(map(keys.__getitem__, row_of[starts].tolist()))
     stamps = ts[starts].tolist()
-    return list(zip(
-        map(itemgetter(0), row_keys), map(itemgetter(1), row_keys), repeat(seq), stamps,
-        stamps, k.tolist(), datas,
-    ))
+    return list(zip(owners[row_of[starts]].tolist(), repeat(seq), stamps, stamps, k.tolist(),
+                    datas))
 
 
 def _by_row(columns: SampleColumns) -> SampleColumns:
@@ -273,7 +267,7 @@ def _by_row(columns: SampleColumns) -> SampleColumns:
     sorted by row, stably, so that each series' samples stay together and in time order (a
     row's series may lie apart: columns in id order, a name's series created at two times)."""
     starts, _ = run_bounds(columns.rows)
-    seen = np.zeros(len(columns.keys), bool)
+    seen = np.zeros(len(columns.owners), bool)
     seen[columns.rows[starts]] = True
     if int(np.count_nonzero(seen)) == len(starts):  # each row one run
         return columns
@@ -294,12 +288,12 @@ def insert(conn: Connection, rows: Sequence[LogRow]) -> None:
     assert raw is not None
     if conn.dialect.name != "postgresql":
         raw.executemany(
-            "INSERT INTO sample_log (target, name, seq, start_ms, end_ms, n, data) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?)", rows,
+            "INSERT INTO sample_log (owner, seq, start_ms, end_ms, n, data) "
+            "VALUES (?, ?, ?, ?, ?, ?)", rows,
         )
         return
     with raw.cursor() as cur, cur.copy(
-        "COPY sample_log (target, name, seq, start_ms, end_ms, n, data) FROM STDIN "
+        "COPY sample_log (owner, seq, start_ms, end_ms, n, data) FROM STDIN "
         "(FORMAT BINARY)"
     ) as cp:
         cp.write(copy_log_rows(rows))
@@ -309,27 +303,15 @@ def copy_log_rows(rows: Iterable[LogRow]) -> bytes:
     """The binary COPY stream of ``rows`` (header, rows, trailer)."""
     parts = [PG_COPY_HEADER]
     fields = _PG_LOG_FIELDS.pack
-    for target, name, seq, start_ms, end_ms, n, data in rows:
-        parts += (_pg_text(target, 7), _pg_text(name, 0),
-                  fields(8, seq, 8, start_ms, 8, end_ms, 4, n, len(data)), data)
+    for owner, seq, start_ms, end_ms, n, data in rows:
+        parts += (fields(6, 8, owner, 8, seq, 8, start_ms, 8, end_ms, 4, n, len(data)), data)
     parts.append(PG_COPY_TRAILER)
     return b"".join(parts)
 
 
-@functools.lru_cache(maxsize=4096)
-def _pg_text(text: str, field_count: int) -> bytes:
-    """A text field of a binary COPY row (its length, then its UTF-8), preceded by the row's
-    field count when ``field_count`` (the row's first field).  Cached: a flush repeats each
-    target and each name many times."""
-    raw = text.encode()
-    head = struct.pack(">hi", field_count, len(raw)) if field_count else struct.pack(
-        ">i", len(raw))
-    return head + raw
-
-
-# Binary COPY fields after the two texts: seq, start_ms, end_ms (int8), n (int4), the length of
-# data (then data itself).
-_PG_LOG_FIELDS = struct.Struct(">iqiqiqiii")
+# A binary COPY row of the log: its field count, then owner, seq, start_ms, end_ms (int8), n
+# (int4) and the length of data, each after its own length (then data itself).
+_PG_LOG_FIELDS = struct.Struct(">hiqiqiqiqiii")
 
 
 class _Rows:
@@ -461,27 +443,27 @@ def record_flush(conn: Connection, seq: int, start_ms: int, end_ms: int) -> None
 def _owned_rows(
     conn: Connection, ids: Sequence[int], lo_ms: int, hi_ms: int, *cols: Any
 ) -> Any:
-    """``SELECT cols`` of the log rows of the targets and names of the series ``ids`` that
-    overlap ``[lo_ms, hi_ms]``.
+    """``SELECT cols`` of the log rows of the owners (targets and names) of the series ``ids``
+    that overlap ``[lo_ms, hi_ms]``.
 
     The flushes overlapping the window first (``sample_log_flushes``: a few hundred rows at
-    most), then the rows by their key: ``(seq, target, name)`` seeks, as many as those flushes
-    times the owners, whatever else the log holds.  Both as subqueries: one statement, which
+    most), then the rows by their key: ``(seq, owner)`` seeks, as many as those flushes times
+    the owners, whatever else the log holds.  All as subqueries: one statement, which
     SQLAlchemy compiles once (a list of seqs bound as parameters was compiled anew each time,
     some 5 ms a read)."""
-    c, s, f = t.sample_log.c, t.series.c, t.sample_log_flushes.c
+    c, s, f, o = t.sample_log.c, t.series.c, t.sample_log_flushes.c, t.sample_log_owners.c
     seqs = select(f.seq).where(f.end_ms >= lo_ms, f.start_ms <= hi_ms)
-    owners = select(s.target, s.name).where(in_ids(conn, s.id, ids)).distinct()
+    named = select(s.target, s.name).where(in_ids(conn, s.id, ids)).distinct()
+    owners = select(o.id).where(tuple_(o.target, o.name).in_(named))
     return select(*cols).where(
-        c.seq.in_(seqs), tuple_(c.target, c.name).in_(owners), c.end_ms >= lo_ms,
-        c.start_ms <= hi_ms,
+        c.seq.in_(seqs), c.owner.in_(owners), c.end_ms >= lo_ms, c.start_ms <= hi_ms,
     )
 
 
 def read(conn: Connection, ids: Sequence[int], *, lo_ms: int, hi_ms: int) -> Columns:
     """The log's samples of the series ``ids`` in the chunks that overlap ``[lo_ms, hi_ms]``:
     ``(ids, ts, values, seqs)``, each sample with the ``seq`` of the flush that wrote it.
-    Rows are found by the targets and names of ``ids``."""
+    Rows are found by the owners (targets and names) of ``ids``."""
     c = t.sample_log.c
     rows: Sequence[Any] = []
     if ids:
@@ -602,7 +584,7 @@ def transpose(
         if len(done) < len(groups):  # stopped early: the groups done only
             for group in done:
                 conn.execute(delete(t.sample_log).where(
-                    c.seq.in_(seqs), c.end_ms < cutoff, group.rows()))
+                    c.seq.in_(seqs), c.end_ms < cutoff, group.rows(conn)))
         elif conn.dialect.name == "sqlite":
             _keep_only_unmoved(conn, seqs, top, cutoff)
         else:
@@ -654,78 +636,73 @@ def _forget_flushes(conn: Connection, cutoff: int) -> None:
 
 
 class _Group(NamedTuple):
-    """The log rows one move transaction takes: every row of ``targets``, or with ``names``
-    (one target then) the rows of those names only."""
+    """The log rows one move transaction takes: those of ``owners`` (whole targets' owners,
+    or, for a large target, a few of its names')."""
 
-    targets: list[str]
-    names: list[str] | None = None
+    owners: list[int]
 
-    def rows(self) -> Any:
-        c = t.sample_log.c
-        if self.names is None:
-            return c.target.in_(self.targets)
-        return and_(c.target == self.targets[0], c.name.in_(self.names))
+    def rows(self, conn: Connection) -> Any:
+        return in_ids(conn, t.sample_log.c.owner, self.owners)
 
 
 def _groups(engine: Engine, seqs: Any, cutoff: int) -> list[_Group]:
     """The move's transactions: whole targets up to :data:`TRANSPOSE_SAMPLES` samples (their
     series' chunks then land side by side in ``sample_chunks``), and a target holding more
     than :data:`TRANSPOSE_WHOLE` times that a few names at a time."""
-    c = t.sample_log.c
-    units: list[tuple[_Group, int]] = []
+    c, o = t.sample_log.c, t.sample_log_owners.c
+    # Summed per owner (an integer: the smallest thing to sort), then each owner's target
+    # joined, in target order: read as it streams, a target at a time (a fleet's hour is
+    # some 60,000 owners).  An owner missing (no reader could find its rows) moves with the
+    # rest, as a target of its own.
+    per_owner = select(c.owner, func.sum(c.n).label("n")).where(
+        c.seq.in_(seqs), c.end_ms < cutoff).group_by(c.owner).subquery()
+    listed = select(o.target, per_owner.c.owner, per_owner.c.n).join_from(
+        per_owner, t.sample_log_owners, o.id == per_owner.c.owner, isouter=True,
+    ).order_by(o.target, per_owner.c.owner)
+    # Per target: its owners together (a whole unit), or each its own (names of a large one).
+    units: list[tuple[str | None, list[int], int]] = []  # (None: whole targets), owners, samples
     with transaction(engine, write=False) as conn:  # a scan of the hour: not under the lock
-        # Per target, then per name of a large target only: grouped by (target, name) at
-        # once, SQLite sorted every row of the hour through temporary files (a fleet's move
-        # then wrote 50 % more).
-        sizes = conn.execute(
-            select(c.target, func.sum(c.n)).where(c.seq.in_(seqs), c.end_ms < cutoff)
-            .group_by(c.target).order_by(c.target)
-        ).all()
-        for target, total in sizes:
-            if int(total) <= TRANSPOSE_WHOLE * TRANSPOSE_SAMPLES:
-                units.append((_Group([target]), int(total)))
-                continue
-            per_name = conn.execute(
-                select(c.name, func.sum(c.n)).where(
-                    c.seq.in_(seqs), c.target == target, c.end_ms < cutoff
-                ).group_by(c.name).order_by(c.name)
-            ).all()
-            units += [(_Group([target], [name]), int(n)) for name, n in per_name]
+        for target, rows in groupby(conn.execute(listed), key=itemgetter(0)):
+            if target is None:
+                log.error("store: sample_log rows before %d belong to no owner; they are "
+                          "moved anyway", cutoff)
+            sizes = [(int(owner), int(n)) for _, owner, n in rows]
+            total = sum(n for _, n in sizes)
+            if total <= TRANSPOSE_WHOLE * TRANSPOSE_SAMPLES or target is None:
+                units.append((None, [owner for owner, _ in sizes], total))
+            else:
+                units += [(str(target), [owner], n) for owner, n in sizes]
     groups: list[_Group] = []
     size = 0
-    for unit, n in units:
-        last = groups[-1] if groups else None
+    kind: str | None = ""  # the last group's: None (whole targets) or its target
+    for kind_of, owners, n in units:
         # A group holds whole targets, or names of one target.
-        if last is None or size >= TRANSPOSE_SAMPLES or (
-            (last.names, unit.names) != (None, None) and last.targets != unit.targets
-        ) or (last.names is None) != (unit.names is None):
-            groups.append(unit)
-            size = n
+        if not groups or size >= TRANSPOSE_SAMPLES or kind_of != kind:
+            groups.append(_Group(list(owners)))
+            size, kind = n, kind_of
             continue
-        if unit.names is None:
-            last.targets.append(unit.targets[0])
-        else:
-            assert last.names is not None
-            last.names.append(unit.names[0])
+        groups[-1].owners.extend(owners)
         size += n
     return groups
 
 
 def _drop_damaged(conn: Connection, seqs: Any, cutoff: int, group: _Group) -> None:
-    c = t.sample_log.c
-    rows = conn.execute(select(c.target, c.name, c.seq, c.start_ms, c.data).where(
-        c.seq.in_(seqs), group.rows(), c.end_ms < cutoff
+    c, o = t.sample_log.c, t.sample_log_owners.c
+    rows = conn.execute(select(c.owner, c.seq, c.start_ms, c.data).where(
+        c.seq.in_(seqs), group.rows(conn), c.end_ms < cutoff
     )).all()
-    for target, name, seq, start_ms, data in rows:
+    for owner, seq, start_ms, data in rows:
         try:
             _Rows([seq], [bytes(data)])
         except ValueError as exc:
+            target, name = conn.execute(
+                select(o.target, o.name).where(o.id == owner)).first() or ("?", "?")
             log.error(
                 "store: dropped a damaged sample_log row (target %r, name %r, write %d, "
                 "%d bytes): %s", target, name, seq, len(data), exc,
             )
             conn.execute(
-                delete(t.sample_log).where(c.seq == seq, c.target == target, c.name == name,
+                delete(t.sample_log).where(c.seq == seq, c.owner == owner,
                                            c.start_ms == start_ms)
             )
 
@@ -743,7 +720,7 @@ def _move(conn: Connection, seqs: Any, cutoff: int, group: _Group, *, redo: bool
     # all groups at once (:func:`transpose`).
     c = t.sample_log.c
     rows = fetch_tuples(conn, select(c.seq, c.data).where(
-        c.seq.in_(seqs), group.rows(), c.end_ms < cutoff
+        c.seq.in_(seqs), group.rows(conn), c.end_ms < cutoff
     ).order_by(c.seq))
     if not rows:
         return 0

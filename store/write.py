@@ -84,6 +84,25 @@ def resolve_series(
     return {key: by_text[(key[0], key[1], text)] for key, text in zip(ordered, texts, strict=True)}
 
 
+def resolve_owners(
+    conn: Connection, keys: Iterable[tuple[str, str]], *, now_ms: int
+) -> dict[tuple[str, str], int]:
+    """Ids of the ``(target, name)`` pairs ``keys`` (``sample_log.owner``), creating those that
+    do not exist yet: one upsert, as :func:`resolve_series` (sorted, the winner's id to the
+    loser, ``resolved_at`` refreshed for retention)."""
+    ordered = sorted(set(keys))
+    if not ordered:
+        return {}
+    o = t.sample_log_owners
+    stmt = dialect_insert(conn, o)
+    stmt = stmt.on_conflict_do_update(
+        index_elements=[o.c.target, o.c.name], set_={"resolved_at": stmt.excluded.resolved_at},
+    ).returning(o.c.id, o.c.target, o.c.name)
+    params = [{"target": target, "name": name, "resolved_at": now_ms}
+              for target, name in ordered]
+    return {(r.target, r.name): r.id for r in conn.execute(stmt, params)}
+
+
 def within_series_limits(
     conn: Connection, keys: Sequence[SeriesKeyTuple], *, limits: Mapping[str, int]
 ) -> tuple[list[SeriesKeyTuple], list[SeriesKeyTuple]]:
@@ -148,8 +167,8 @@ class Layout:
     ``born`` is when the oldest of its ids was resolved (monotonic seconds).
     """
 
-    __slots__ = ("_by_name", "_codes", "born", "ids", "labels", "names", "refused", "target",
-                 "unresolved")
+    __slots__ = ("_by_name", "_codes", "born", "ids", "labels", "names", "owners", "refused",
+                 "target", "unresolved")
 
     BLOCK = 256
     ids: npt.NDArray[np.int64]
@@ -204,6 +223,9 @@ class Layout:
         # ids (``ids[positions]``, the sorted ids) are rebuilt per flush, a few microseconds.
         self._by_name: npt.NDArray[np.int32] | None = None
         self._codes: tuple[npt.NDArray[np.int32], list[str]] | None = None
+        #: The ``sample_log`` owner of each name of :meth:`name_codes` (``store.flush``
+        #: resolves them before the layout's first flush).
+        self.owners: npt.NDArray[np.int64] | None = None
 
     def same(self, names: list[str], labels: list[Labels]) -> bool:
         # Identity first: list equality walks every item even for the list itself.
@@ -238,13 +260,18 @@ class Layout:
             self._codes = codes, list(index)
         return self._codes
 
-    def name_index(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], list[str]]:
-        """``(ids, codes, names)``: the ids in ascending order, and for each the index in
-        ``names`` of its series' name.  Built per call (only a flush that cannot take
-        :meth:`name_order` asks)."""
-        codes, names = self.name_codes()
+    def name_index(self) -> NameIndex:
+        """``(ids, codes, owners)``: the ids in ascending order, and for each the index in
+        ``owners`` of its series' log owner (its name's).  Built per call (only a flush that
+        cannot take :meth:`name_order` asks)."""
+        codes, _ = self.name_codes()
         order = np.argsort(self.ids, kind="stable")
-        return self.ids[order], codes[order].astype(np.int64), names
+        return self.ids[order], codes[order].astype(np.int64), self._owners()
+
+    def _owners(self) -> npt.NDArray[np.int64]:
+        if self.owners is None:
+            raise ValueError(f"the layout of {self.target!r} has no log owners resolved")
+        return self.owners
 
     def name_order(self) -> NameOrder | None:
         """The positions grouped by name, in ascending id order within a name (what a flush's
@@ -260,10 +287,14 @@ class Layout:
             self._by_name = positions
         if len(positions) != len(self.ids):
             return None
-        codes, names = self.name_codes()
-        target = self.target
+        codes, _ = self.name_codes()
         return NameOrder(positions, self.ids[positions], codes[positions].astype(np.int64),
-                         [(target, name) for name in names])
+                         self._owners())
+
+
+#: ``(ids, codes, owners)``: series ids in ascending order, and for each the index in
+#: ``owners`` of its ``sample_log`` owner.
+NameIndex = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]
 
 
 class NameOrder(NamedTuple):
@@ -271,25 +302,25 @@ class NameOrder(NamedTuple):
 
     positions: npt.NDArray[np.int32]
     ids: npt.NDArray[np.int64]  # the ids at ``positions``
-    codes: npt.NDArray[np.int64]  # their names, as indices in ``keys``
-    keys: list[tuple[str, str]]  # (target, name)
+    codes: npt.NDArray[np.int64]  # their names, as indices in ``owners``
+    owners: npt.NDArray[np.int64]  # each name's ``sample_log`` owner
 
 
 class SampleColumns(NamedTuple):
     """Samples of some targets as the columns a flush's log rows are built from: each series'
     samples together and in time order, and ``rows``, each sample's log row (an index in
-    ``keys``, which holds that row's ``(target, name)``)."""
+    ``owners``, which holds that row's ``sample_log`` owner: its target and name)."""
 
     ids: npt.NDArray[np.int64]
     ts: npt.NDArray[np.int64]
     values: npt.NDArray[np.float64]
     rows: npt.NDArray[np.int64]
-    keys: list[tuple[str, str]]
+    owners: npt.NDArray[np.int64]
 
     def take(self, keep: npt.NDArray[np.bool_] | npt.NDArray[np.int64]) -> SampleColumns:
-        """The samples ``keep`` selects (a mask or positions), keys unchanged."""
+        """The samples ``keep`` selects (a mask or positions), owners unchanged."""
         return SampleColumns(self.ids[keep], self.ts[keep], self.values[keep], self.rows[keep],
-                             self.keys)
+                             self.owners)
 
 
 _Work = TypeVar("_Work", bound=tuple[Any, ...])
@@ -318,23 +349,22 @@ def target_groups(work: Iterable[_Work], limit: int) -> Iterator[list[_Work]]:
         yield group
 
 
-def name_index(
-    layouts: Sequence[Layout],
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], list[str]]:
+def name_index(layouts: Sequence[Layout]) -> NameIndex:
     """:meth:`Layout.name_index` of several layouts of one target (its series changed within
     one flush) together."""
     if len(layouts) == 1:
         return layouts[0].name_index()
-    names: dict[str, int] = {}
+    owners: dict[int, int] = {}
     ids, codes = [], []
     for lay in layouts:
-        lay_ids, lay_codes, lay_names = lay.name_index()
-        remap = np.array([names.setdefault(n, len(names)) for n in lay_names], np.int64)
+        lay_ids, lay_codes, lay_owners = lay.name_index()
+        remap = np.array([owners.setdefault(o, len(owners)) for o in lay_owners.tolist()],
+                         np.int64)
         ids.append(lay_ids)
         codes.append(remap[lay_codes])
     all_ids = np.concatenate(ids)
     order = np.argsort(all_ids, kind="stable")
-    return all_ids[order], np.concatenate(codes)[order], list(names)
+    return all_ids[order], np.concatenate(codes)[order], np.array(list(owners), np.int64)
 
 
 def sample_columns(
@@ -366,8 +396,8 @@ def sample_columns(
             return None
         group[1].append(ts_ms)
         group[2].append(values)
-    ids, tss, vals, rows = [], [], [], []
-    keys: list[tuple[str, str]] = []
+    ids, tss, vals, rows, owners = [], [], [], [], []
+    codes = 0  # owners listed so far
     for lay, stamps, scrapes in groups.values():
         by_name = lay.name_order()
         if by_name is None:
@@ -378,17 +408,18 @@ def sample_columns(
             ids.append(by_name.ids)
             tss.append(np.full(len(order), stamps[0], np.int64))
             vals.append(scrapes[0][order])
-            rows.append(by_name.codes + len(keys))
+            rows.append(by_name.codes + codes)
         else:
             ids.append(np.repeat(by_name.ids, k))
             tss.append(np.tile(np.array(stamps, np.int64), len(order)))
             vals.append(np.vstack(scrapes)[:, order].T.ravel())
-            rows.append(np.repeat(by_name.codes + len(keys), k))
-        keys += by_name.keys
+            rows.append(np.repeat(by_name.codes + codes, k))
+        owners.append(by_name.owners)
+        codes += len(by_name.owners)
     if not ids:
         return None
     return SampleColumns(np.concatenate(ids), np.concatenate(tss), np.concatenate(vals),
-                         np.concatenate(rows), keys)
+                         np.concatenate(rows), np.concatenate(owners))
 
 
 def next_seq(conn: Connection) -> int:

@@ -283,7 +283,7 @@ def test_a_schema_5_store_written_by_the_previous_version_is_upgraded(tmp_path: 
             assert get_meta(conn, "schema_version") == "5"
         s.migrations.apply()
         with transaction(raw_engine(s), write=False) as conn:
-            assert get_meta(conn, "schema_version") == str(t.SCHEMA_VERSION) == "9"
+            assert get_meta(conn, "schema_version") == str(t.SCHEMA_VERSION) == "10"
         assert _columns(s) == 0
         t0, hours = s5.T, s5.HOURS
 

@@ -14,12 +14,26 @@ from tritonwatch.store import Query, Store
 from tritonwatch.store.flush import SampleWriter
 from tritonwatch.store.write import Layout, sample_columns, target_groups
 
+#: The log owners the tests' layouts take (``store.flush`` resolves them in the database).
+OWNERS: dict[tuple[str, str], int] = {}
+
+
+def owned(lay: Layout) -> Layout:
+    """``lay`` with an owner for each of its names (one per (target, name), stable)."""
+    lay.owners = np.array([OWNERS.setdefault((lay.target, name), 100 + len(OWNERS))
+                           for name in lay.name_codes()[1]], np.int64)
+    return lay
+
+
+def named(owner: int) -> tuple[str, str]:
+    return next(key for key, o in OWNERS.items() if o == owner)
+
 
 def layout(target: str, ids: list[int]) -> Layout:
     names = [f"m{i}" for i in range(len(ids))]
     lay = Layout(target, names, [make_labels({"i": str(i)}) for i in range(len(ids))], now=0.0)
     lay.ids = np.array(ids, np.int64)
-    return lay
+    return owned(lay)
 
 
 @st.composite
@@ -74,13 +88,13 @@ def test_grouped_columns_hold_the_same_samples_as_the_sorted_ones(work) -> None:
         assert (any(len(v) > 1 for v in targets.values())
                 or any(s != sorted(set(s)) for s in stamps.values()) or dup)
         return
-    ids, ts, values, rows, keys = fast
+    ids, ts, values, rows, owners = fast
     keep = ~np.isnan(values)
     ids, ts, values, rows = ids[keep], ts[keep], values[keep], rows[keep]
-    # Each sample's row is its series' (target, name), and a row's samples are together.
+    # Each sample's row is its series' (target, name)'s owner, and a row's samples together.
     names = {i: (lay.target, lay.names[p]) for lay, *_ in work
              for p, i in enumerate(lay.ids.tolist())}
-    assert [keys[r] for r in rows.tolist()] == [names[i] for i in ids.tolist()]
+    assert [named(owners[r]) for r in rows.tolist()] == [names[i] for i in ids.tolist()]
     row_starts = np.r_[0, np.flatnonzero(np.diff(rows)) + 1] if len(rows) else rows
     assert len(row_starts) == len(set(rows.tolist()))
     # Each series' samples together and in time order (what encode() needs)...
@@ -101,11 +115,11 @@ def test_a_steady_flush_takes_the_grouped_path() -> None:
             (a, 2000, np.array([6.0, 7.0, 8.0]))]
     columns = sample_columns(work)
     assert columns is not None
-    ids, ts, values, rows, keys = columns
+    ids, ts, values, rows, owners = columns
     assert ids.tolist() == [5, 5, 3, 3, 9, 9, 4, 8]
     assert ts.tolist() == [1000, 2000, 1000, 2000, 1000, 2000, 1000, 1000]
     assert values.tolist() == [1.0, 6.0, 2.0, 7.0, 3.0, 8.0, 4.0, 5.0]
-    assert [keys[r] for r in rows.tolist()] == [
+    assert [named(owners[r]) for r in rows.tolist()] == [
         ("a", "m0"), ("a", "m0"), ("a", "m1"), ("a", "m1"), ("a", "m2"), ("a", "m2"),
         ("b", "m0"), ("b", "m1")]
 
@@ -116,11 +130,11 @@ def test_grouped_columns_put_a_names_series_together_in_id_order() -> None:
     lay = Layout("a", ["x", "y", "x", "y"],
                  [make_labels({"i": str(i)}) for i in range(4)], now=0.0)
     lay.ids = np.array([9, 3, 5, 7], np.int64)
-    columns = sample_columns([(lay, 1000, np.array([1.0, 2.0, 3.0, 4.0]))])
+    columns = sample_columns([(owned(lay), 1000, np.array([1.0, 2.0, 3.0, 4.0]))])
     assert columns is not None
     assert columns.ids.tolist() == [5, 9, 3, 7]
     assert columns.values.tolist() == [3.0, 1.0, 2.0, 4.0]
-    assert [columns.keys[r] for r in columns.rows.tolist()] == [
+    assert [named(columns.owners[r]) for r in columns.rows.tolist()] == [
         ("a", "x"), ("a", "x"), ("a", "y"), ("a", "y")]
 
 
@@ -219,7 +233,7 @@ def test_name_order_is_rebuilt_from_the_kept_grouping_and_follows_filled_ids() -
     # and keys of each answer are derived from them, so they follow a fill() of new ids.
     names = ["b", "a", "b", "a", "c"]
     labels = [make_labels({"i": str(i)}) for i in range(len(names))]
-    lay = Layout("t", names, labels, now=0.0)
+    lay = owned(Layout("t", names, labels, now=0.0))
     lay.ids = np.array([5, 9, 2, 7, -1], np.int64)
     lay.unresolved = 1
     first = lay.name_order()
@@ -230,16 +244,16 @@ def test_name_order_is_rebuilt_from_the_kept_grouping_and_follows_filled_ids() -
     _codes, distinct = lay.name_codes()
     assert distinct == ["b", "a", "c"]
     assert [distinct[c] for c in first.codes.tolist()] == [names[p] for p in first.positions]
-    assert first.keys == [("t", "b"), ("t", "a"), ("t", "c")]
+    assert [named(o) for o in first.owners.tolist()] == [("t", "b"), ("t", "a"), ("t", "c")]
     assert first.codes.dtype == np.int64 and first.ids.dtype == np.int64
     lay.fill({("t", "c", labels[4]): 1})
     again = lay.name_order()
     assert again is not None
     assert again.ids.tolist() == lay.ids[again.positions].tolist()
     assert 1 in again.ids.tolist()
-    ids, codes_by_id, index_names = lay.name_index()
+    ids, codes_by_id, index_owners = lay.name_index()
     assert ids.tolist() == sorted(lay.ids.tolist())
-    assert [index_names[c] for c in codes_by_id.tolist()] == [
+    assert [named(index_owners[c])[1] for c in codes_by_id.tolist()] == [
         names[int(np.flatnonzero(lay.ids == i)[0])] for i in ids.tolist()]
 
 

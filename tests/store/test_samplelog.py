@@ -54,32 +54,32 @@ def test_rows_per_name_give_back_their_samples_and_reads_filter_them(
     cols, lo, span, pick, kinds
 ) -> None:
     ids, ts, values = cols
-    # Series id i is named "m{i % kinds}".
+    # Series id i is named by owner 100 + i % kinds.
     unique = np.unique(ids)
-    index = (unique, unique % kinds, [f"m{k}" for k in range(kinds)])
-    # Rows are (target, name, seq, start_ms, end_ms, n, data).
+    index = (unique, unique % kinds, 100 + np.arange(kinds, dtype=np.int64))
+    # Rows are (owner, seq, start_ms, end_ms, n, data).
     rows = samplelog.log_rows(7, samplelog.named_columns("t", (ids, ts, values), index))
-    assert {(r[0], r[2]) for r in rows} == {("t", 7)}
-    # A row per name and hour (the log moves an hour at a time).
-    keys = [(r[1], r[3] // 3_600_000) for r in rows]
-    assert all(r[3] // 3_600_000 == r[4] // 3_600_000 for r in rows)
+    assert {r[1] for r in rows} == {7}
+    # A row per owner (name) and hour (the log moves an hour at a time).
+    keys = [(r[0], r[2] // 3_600_000) for r in rows]
+    assert all(r[2] // 3_600_000 == r[3] // 3_600_000 for r in rows)
     assert len(keys) == len(set(keys))
-    assert {name for name, _ in keys} == {f"m{int(i) % kinds}" for i in unique}
+    assert {owner for owner, _ in keys} == {100 + int(i) % kinds for i in unique}
     lo_ms, hi_ms = T * 1000 + lo, T * 1000 + lo + span
     wanted = np.array(sorted(pick), np.int64)
     for r in rows:
-        got = samplelog._Rows([7], [r[6]]).samples()
-        assert {f"m{int(i) % kinds}" for i in got[0]} == {r[1]}
-        assert r[3:6] == (got[1].min(), got[1].max(), len(got[1]))
+        got = samplelog._Rows([7], [r[5]]).samples()
+        assert {100 + int(i) % kinds for i in got[0]} == {r[0]}
+        assert r[2:5] == (got[1].min(), got[1].max(), len(got[1]))
     # All rows decoded together, as ``read`` does, give back every sample...
     seqs = list(range(len(rows)))
-    sids, sts, svals, sseqs = samplelog._Rows(seqs, [r[6] for r in rows]).samples()
+    sids, sts, svals, sseqs = samplelog._Rows(seqs, [r[5] for r in rows]).samples()
     back = sort_keep_last(sids, sts, svals)
     assert back.ids.tolist() == ids.tolist() and back.ts.tolist() == ts.tolist()
     assert back.values.tobytes() == values.tobytes()  # bit for bit: -0.0, inf, subnormals
     assert sorted(set(sseqs.tolist())) == seqs
     # ...and what ``read`` keeps of them: the picked series' chunks overlapping [lo, hi].
-    picked = samplelog.select_samples(seqs, [r[6] for r in rows], wanted,
+    picked = samplelog.select_samples(seqs, [r[5] for r in rows], wanted,
                                       lo_ms=lo_ms, hi_ms=hi_ms)
     m = last_writes(*picked, lo_ms=lo_ms, hi_ms=hi_ms)
     keep = (ts >= lo_ms) & (ts <= hi_ms) & np.isin(ids, wanted)
@@ -144,32 +144,32 @@ def test_one_scrape_rows_are_compact_and_decode_with_any_rows_bit_for_bit(
                           np.uint64).view(np.float64)
     else:
         values = np.array(data.draw(st.lists(whole, min_size=n, max_size=n)), np.float64)
-    index = (ids, codes, [f"m{k}" for k in range(kinds)])
+    index = (ids, codes, 100 + np.arange(kinds, dtype=np.int64))
     rows = samplelog.log_rows(3, samplelog.named_columns("t", (ids, ts, values), index))
     assert len(rows) == len(set(codes.tolist()))
     packed_rows = 0
     for r in rows:
-        mine = ids[codes == int(r[1][1:])]
-        vals = values[codes == int(r[1][1:])]
+        mine = ids[codes == r[0] - 100]
+        vals = values[codes == r[0] - 100]
         runs = 1 + int(np.count_nonzero(np.diff(mine) != 1))
-        assert r[3] == r[4] and r[5] == len(mine)
+        assert r[2] == r[3] and r[4] == len(mine)
         packed = all(v.is_integer() and -(2**31) <= v < 2**31 and not (v == 0 and
                                                                        math.copysign(1, v) < 0)
                      for v in vals.tolist())
         packed_rows += packed
-        value_words = (r[5] + 1) // 2 if packed else r[5]
+        value_words = (r[4] + 1) // 2 if packed else r[4]
         # -k, ts, ids, values; or -(2**40 + k), ts, the number of runs, (first, length) per
         # run, values; values as int32s, two a word, where all are whole and fit one.
-        assert len(r[6]) == 8 * (3 + 2 * runs + value_words if 2 * runs + 1 < r[5]
-                                 else 2 + r[5] + value_words)
-        assert (-np.frombuffer(r[6][:8], "<i8")[0] >= 2**41) == packed
+        assert len(r[5]) == 8 * (3 + 2 * runs + value_words if 2 * runs + 1 < r[4]
+                                 else 2 + r[4] + value_words)
+        assert (-np.frombuffer(r[5][:8], "<i8")[0] >= 2**41) == packed
     # Decoded beside a row of the other layout (two samples of one series), as a read does.
     other = samplelog.log_rows(4, samplelog.named_columns(
         "t", (np.array([999, 999]), np.array([T * 1000, T * 1000 + 15_000]),
-              np.array([1.5, -0.0])), (np.array([999]), np.array([0]), ["y"])))
-    assert len(other) == 1 and len(other[0][6]) == 8 * (1 + 2 + 4)
+              np.array([1.5, -0.0])), (np.array([999]), np.array([0]), np.array([500]))))
+    assert len(other) == 1 and len(other[0][5]) == 8 * (1 + 2 + 4)
     for mixed in (rows + other, other + rows):
-        got = samplelog._Rows([r[2] for r in mixed], [r[6] for r in mixed]).samples()
+        got = samplelog._Rows([r[1] for r in mixed], [r[5] for r in mixed]).samples()
         back = sort_keep_last(*got[:3])
         want_ids = np.concatenate([ids, [999, 999]])
         want_ts = np.concatenate([ts, [T * 1000, T * 1000 + 15_000]])
@@ -237,20 +237,19 @@ def test_moving_in_small_transactions_moves_whole_targets(
         store.flush()
     before = store.read(Query("x", start=T, end=T + 60)).series()
     assert _table_counts(store) == (24, 0)  # per target, name and flush
-    transactions = 0
+    groups: list[samplelog._Group] = []
     real = samplelog._move
 
     def counting(conn, seqs, cutoff, group, *, redo):
-        nonlocal transactions
-        transactions += 1
-        # 6 samples per target: the second target fills the budget.
-        assert group in (samplelog._Group(["a", "b"]), samplelog._Group(["c", "d"]))
+        groups.append(group)
         assert not redo
         return real(conn, seqs, cutoff, group, redo=redo)
 
     monkeypatch.setattr(samplelog, "_move", counting)
     assert _move(store) == 24
-    assert transactions == 2
+    # 6 samples per target: the second target fills the budget.
+    assert [_owned_by(store, g) for g in groups] == [
+        [(a, n) for a in targets for n in "xy"] for targets in ("ab", "cd")]
     assert _table_counts(store) == (0, 8)
     assert store.read(Query("x", start=T, end=T + 60)).series() == before
 
@@ -280,10 +279,27 @@ def test_a_target_larger_than_a_move_transaction_is_moved_a_few_names_at_a_time(
     assert _move(store) == 3 * 3 * 2 + 3
     # "big" holds 18 samples, more than TRANSPOSE_WHOLE (4) budgets: moved by name, each of
     # its names (6 samples) filling the budget alone; "small" whole.
-    G = samplelog._Group
-    assert groups == [G(["big"], ["x"]), G(["big"], ["y"]), G(["big"], ["z"]), G(["small"])]
+    assert [_owned_by(store, g) for g in groups] == [
+        [("big", "x")], [("big", "y")], [("big", "z")], [("small", "x")]]
     assert _table_counts(store)[0] == 0
     assert {n: store.read(Query(n, start=T, end=T + 60)).series() for n in names} == before
+
+
+def _log(store: Store) -> list[tuple[str, str, int, int]]:
+    """The log's rows as ``(target, name, seq, start_ms)``, in write order (then target's)."""
+    c, o = t.sample_log.c, t.sample_log_owners.c
+    with transaction(raw_engine(store), write=False) as conn:
+        return [tuple(r) for r in conn.execute(
+            select(o.target, o.name, c.seq, c.start_ms).join_from(
+                t.sample_log, t.sample_log_owners, o.id == c.owner).order_by(c.seq, o.target))]
+
+
+def _owned_by(store: Store, group: samplelog._Group) -> list[tuple[str, str]]:
+    """The (target, name) pairs of a move group's owners."""
+    o = t.sample_log_owners.c
+    with transaction(raw_engine(store), write=False) as conn:
+        return sorted(tuple(r) for r in conn.execute(
+            select(o.target, o.name).where(o.id.in_(group.owners))))
 
 
 def _fill_four_targets(store: Store) -> list[Any]:
@@ -342,9 +358,7 @@ def test_a_move_stopped_between_groups_deletes_the_rows_of_the_groups_it_moved(
     assert moved == 12
     assert _table_counts(store) == (12, 4)  # c and d still in the log; a and b in chunks
     assert _pending(store) is None
-    with transaction(raw_engine(store), write=False) as conn:
-        left = set(conn.execute(select(t.sample_log.c.target).distinct()).scalars())
-    assert left == {"c", "d"}
+    assert {target for target, _, _, _ in _log(store)} == {"c", "d"}
     assert store.read(Query("x", start=T, end=T + 60)).series() == before
     assert _move(store) == 12
     assert _table_counts(store) == (0, 8)
@@ -377,11 +391,9 @@ def test_the_rows_a_move_leaves_are_all_kept(make_store) -> None:
     assert (a.ts, a.values) == ((T + 3540, T + 3570, T + 3585, T + 3600, T + 3615),
                                 (-1.0, 3570.0, 3585.0, 3600.0, 3615.0))
     assert b.values == (1.0, 2.0)
-    with transaction(raw_engine(store), write=False) as conn:
-        left = conn.execute(select(t.sample_log.c.target, t.sample_log.c.start_ms)
-                            .order_by(t.sample_log.c.seq, t.sample_log.c.target)).all()
-    assert left == [("a", (T + 3600) * 1000), ("b", (T + 3630) * 1000),
-                    ("a", (T + 3540) * 1000), ("b", (T + 3645) * 1000)]
+    assert [(target, start_ms) for target, _, _, start_ms in _log(store)] == [
+        ("a", (T + 3600) * 1000), ("b", (T + 3630) * 1000), ("a", (T + 3540) * 1000),
+        ("b", (T + 3645) * 1000)]
     assert samplelog.transpose(raw_engine(store), gate=nullcontext(),
                                before_ms=(T + 3600) * 1000) == 1  # the late one
     assert store.read(Query("x", start=T, end=T + 7200)).series() == [a, b]
@@ -427,6 +439,34 @@ def test_only_empty_series_outside_the_log_are_deleted(
     assert retention.delete_empty_series(engine, resolved_before_ms=2**62) == 4
     left = {(k.target, k.name) for k in store.series()}
     assert left == {("a", "y"), ("b", "x"), ("b", "y"), ("c", "x")}
+    # Their log owners go with them; the others' stay, and b's x still reads.
+    o = t.sample_log_owners.c
+    with transaction(engine, write=False) as conn:
+        assert {tuple(r) for r in conn.execute(select(o.target, o.name))} == left
+    (bx,) = store.read(Query("x", start=T, end=T + 60, target="b",
+                             match={"i": "0"})).series()
+    assert bx.values == (2.0,)
+    # A target scraped again after its owner went: a new owner, its rows read and move.
+    store._writer.forget_layouts()  # as the retention job does once series went
+    store.write("c", T + 30, [Sample("y", (), 5.0)])
+    store.flush()
+    (cy,) = store.read(Query("y", start=T, end=T + 60, target="c")).series()
+    assert cy.values == (5.0,)
+    _move(store)
+    assert store.read(Query("y", start=T, end=T + 60, target="c")).series() == [cy]
+
+
+def test_an_owner_a_writer_resolved_since_is_kept(store: Store) -> None:
+    from tritonwatch.store import retention
+
+    store.write("t", T, [Sample("x", (), 1.0)])
+    store.flush()
+    with transaction(raw_engine(store), write=True) as conn:
+        conn.execute(t.series.delete())  # as if retention had emptied and deleted them
+    retention.delete_empty_series(raw_engine(store), resolved_before_ms=0)
+    o = t.sample_log_owners.c
+    with transaction(raw_engine(store), write=False) as conn:
+        assert conn.execute(select(o.target, o.name)).all() == [("t", "x")]
 
 
 def test_rollups_include_samples_still_in_the_log(store: Store) -> None:
@@ -471,7 +511,8 @@ def test_a_damaged_row_is_dropped_loudly_and_the_rest_moves_on(
     store.write("bad", T, [Sample("x", (), 2.0)])
     store.flush()
     with transaction(raw_engine(store), write=True) as conn:
-        conn.execute(t.sample_log.update().where(t.sample_log.c.target == "bad").values(
+        bad = select(t.sample_log_owners.c.id).where(t.sample_log_owners.c.target == "bad")
+        conn.execute(t.sample_log.update().where(t.sample_log.c.owner.in_(bad)).values(
             data=np.array([1, 9, 2, 5], "<i8").tobytes()))
     monkey = pytest.MonkeyPatch()
     monkey.setattr(samplelog, "TRANSPOSE_SAMPLES", 1)  # one target per transaction
@@ -531,28 +572,40 @@ def test_any_target_and_name_text_goes_through_the_log(store: Store) -> None:
     assert data.values == (1.5,)
 
 
-def _make_schema6_log(store: Store) -> None:
-    """Turn ``store``'s schema into version 6's where the log differs: ``sample_log`` keyed
-    ``(target, name, seq)``, and no flush listed."""
+def _make_old_log(store: Store, version: int, key: str) -> None:
+    """Turn ``store``'s log into that of schema ``version`` (3 to 9): rows naming their target
+    and name as texts, keyed ``key``, no ``sample_log_owners``; before 7, no flush listed."""
     with transaction(raw_engine(store), write=True) as conn:
-        if conn.dialect.name == "postgresql":
-            conn.exec_driver_sql(
-                "ALTER TABLE sample_log DROP CONSTRAINT pk_sample_log, "
-                "ADD CONSTRAINT pk_sample_log PRIMARY KEY (target, name, seq)")
-        else:
-            conn.exec_driver_sql("ALTER TABLE sample_log RENAME TO old_log")
-            conn.exec_driver_sql(
-                "CREATE TABLE sample_log (target TEXT NOT NULL, name TEXT NOT NULL, "
-                "seq BIGINT NOT NULL, start_ms BIGINT NOT NULL, end_ms BIGINT NOT NULL, "
-                "n INTEGER NOT NULL, data BLOB NOT NULL, "
-                "CONSTRAINT pk_sample_log PRIMARY KEY (target, name, seq))")
-            conn.exec_driver_sql("INSERT INTO sample_log SELECT * FROM old_log")
-            conn.exec_driver_sql("DROP TABLE old_log")
-        conn.execute(t.sample_log_flushes.delete())
-        conn.execute(t.meta.update().where(t.meta.c.key == "schema_version").values(value="6"))
+        blob = "BYTEA" if conn.dialect.name == "postgresql" else "BLOB"
+        conn.exec_driver_sql(
+            "CREATE TABLE old_log AS SELECT o.target, o.name, l.seq, l.start_ms, l.end_ms, "
+            "l.n, l.data FROM sample_log l JOIN sample_log_owners o ON o.id = l.owner")
+        conn.exec_driver_sql("DROP TABLE sample_log")
+        conn.exec_driver_sql("DROP TABLE sample_log_owners")
+        conn.exec_driver_sql(
+            "CREATE TABLE sample_log (target TEXT NOT NULL, name TEXT NOT NULL, "
+            "seq BIGINT NOT NULL, start_ms BIGINT NOT NULL, end_ms BIGINT NOT NULL, "
+            f"n INTEGER NOT NULL, data {blob} NOT NULL, "
+            f"CONSTRAINT pk_sample_log PRIMARY KEY ({key}))")
+        conn.exec_driver_sql("INSERT INTO sample_log SELECT * FROM old_log")
+        conn.exec_driver_sql("DROP TABLE old_log")
+        if version < 7:
+            conn.execute(t.sample_log_flushes.delete())
+        conn.execute(t.meta.update().where(t.meta.c.key == "schema_version").values(
+            value=str(version)))
 
 
-def test_a_schema_6_log_is_rekeyed_and_its_flushes_listed(store_url: str) -> None:
+def _texts_log(store: Store) -> list[tuple[Any, ...]]:
+    """The log's rows with their target and name: ``(target, name, seq, start_ms, end_ms, n,
+    data)``, sorted."""
+    c, o = t.sample_log.c, t.sample_log_owners.c
+    with transaction(raw_engine(store), write=False) as conn:
+        return sorted(tuple(r) for r in conn.execute(
+            select(o.target, o.name, c.seq, c.start_ms, c.end_ms, c.n, c.data).join_from(
+                t.sample_log, t.sample_log_owners, o.id == c.owner)))
+
+
+def test_a_schema_6_log_is_given_owners_and_its_flushes_listed(store_url: str) -> None:
     from sqlalchemy import inspect
 
     from tritonwatch.store import open_store
@@ -565,9 +618,9 @@ def test_a_schema_6_log_is_rekeyed_and_its_flushes_listed(store_url: str) -> Non
                                            Sample("y", (), 10.0 + k)])
         old.flush()
     before = {name: old.read(Query(name, start=T, end=T + 60)).series() for name in "xy"}
-    with transaction(raw_engine(old), write=False) as conn:
-        rows = conn.execute(select(t.sample_log)).all()
-    _make_schema6_log(old)
+    rows = _texts_log(old)
+    assert len(rows) == 12
+    _make_old_log(old, 6, "target, name, seq")
     old.close()
 
     s = open_store(store_url)
@@ -575,27 +628,35 @@ def test_a_schema_6_log_is_rekeyed_and_its_flushes_listed(store_url: str) -> Non
         s.migrations.apply()
         with transaction(raw_engine(s), write=False) as conn:
             assert inspect(conn).get_pk_constraint("sample_log")["constrained_columns"] == [
-                "seq", "target", "name", "start_ms"]
-            assert sorted(conn.execute(select(t.sample_log)).all()) == sorted(rows)
+                "seq", "owner", "start_ms"]
+            owners = conn.execute(select(t.sample_log_owners.c.target,
+                                         t.sample_log_owners.c.name)).all()
+            assert sorted(owners) == [(a, n) for a in "ab" for n in "xy"]
             listed = conn.execute(select(t.sample_log_flushes).order_by("seq")).all()
             assert [(f.start_ms, f.end_ms) for f in listed] == [
                 ((T + k * 15) * 1000, (T + k * 15) * 1000) for k in range(3)]
             assert conn.execute(select(t.meta.c.value).where(
                 t.meta.c.key == "schema_version")).scalar_one() == str(t.SCHEMA_VERSION)
+        assert _texts_log(s) == rows
         for name in "xy":
             assert s.read(Query(name, start=T, end=T + 60)).series() == before[name]
             # Only the flushes overlapping a window are read: the middle one here.
             (one,) = s.read(Query(name, start=T + 15, end=T + 15, target="a")).series()
             assert one.ts == (T + 15,)
-        assert samplelog.transpose(raw_engine(s), gate=nullcontext()) == 12
+        # New flushes take the migrated owners; the move takes old and new rows together.
+        s.write("a", T + 45, [Sample("y", (), 13.0)])
+        s.flush()
+        assert len(_texts_log(s)) == 13 and len(owners) == 4
+        assert samplelog.transpose(raw_engine(s), gate=nullcontext()) == 13
         assert _table_counts(s) == (0, 4)  # a chunk per series
-        for name in "xy":
-            assert s.read(Query(name, start=T, end=T + 60)).series() == before[name]
+        (a_y, _) = s.read(Query("y", start=T, end=T + 60)).series()
+        assert a_y.values == (10.0, 11.0, 12.0, 13.0)
+        assert s.read(Query("x", start=T, end=T + 60)).series() == before["x"]
     finally:
         s.close()
 
 
-def test_a_schema_7_store_opens_as_9_and_its_rows_of_every_layout_read(
+def test_a_schema_7_store_opens_as_10_and_its_rows_of_every_layout_read(
     store_url: str,
 ) -> None:
     from tritonwatch.store import open_store
@@ -607,26 +668,46 @@ def test_a_schema_7_store_opens_as_9_and_its_rows_of_every_layout_read(
     with transaction(raw_engine(old), write=True) as conn:
         ids = conn.execute(select(t.series.c.id).where(t.series.c.name == "x")
                            .order_by(t.series.c.labels)).scalars().all()
-        (ranged,) = conn.execute(select(t.sample_log.c.data)).scalars().all()
+        owner, ranged = conn.execute(select(t.sample_log.c.owner, t.sample_log.c.data)).one()
         assert np.frombuffer(ranged, "<i8")[0] == -(2**41 + 2**40 + 4)
         assert len(ranged) == 8 * (3 + 2 + 2)
         # Version 7's compact layout (ids listed), as it wrote every one-scrape row.
         seq = next_seq(conn)
         data = np.array([-4, T * 1000, *ids, 0, 0, 0, 0], "<i8")
         data[6:] = np.array([1.5, 2.5, 3.5, 4.5]).view("<i8")
-        samplelog.insert(conn, [("t", "x", seq, T * 1000, T * 1000, 4, data.tobytes())])
+        samplelog.insert(conn, [(owner, seq, T * 1000, T * 1000, 4, data.tobytes())])
         samplelog.record_flush(conn, seq, T * 1000, T * 1000)
-        conn.execute(t.meta.update().where(t.meta.c.key == "schema_version").values(value="7"))
+    _make_old_log(old, 7, "seq, target, name, start_ms")
     old.close()
     s = open_store(store_url)
     try:
         s.migrations.apply()
         with transaction(raw_engine(s), write=False) as conn:
             assert conn.execute(select(t.meta.c.value).where(
-                t.meta.c.key == "schema_version")).scalar_one() == str(t.SCHEMA_VERSION) == "9"
+                t.meta.c.key == "schema_version")).scalar_one() == str(t.SCHEMA_VERSION) == "10"
         got = s.read(Query("x", start=T, end=T + 60)).series()
         assert [d.values for d in got] == [(1.5 + i, 10.0 + i) for i in range(4)]
         _move(s)
         assert s.read(Query("x", start=T, end=T + 60)).series() == got
     finally:
         s.close()
+
+
+def test_a_target_whose_series_change_keeps_its_names_owners(store: Store) -> None:
+    # A changed scrape makes a new layout, which takes the owners of its target's previous
+    # one by name: only a new name is resolved (and a row of a name keeps one owner).
+    store.write("t", T, [Sample("x", (), 1.0)])
+    store.flush()
+    store.write("t", T + 15, [Sample("x", (), 2.0), Sample("y", (), 3.0)])
+    store.write("u", T + 15, [Sample("x", (), 4.0)])
+    store.flush()
+    log = _log(store)
+    assert [(target, name) for target, name, _, _ in log] == [
+        ("t", "x"), ("t", "x"), ("t", "y"), ("u", "x")]
+    o = t.sample_log_owners.c
+    with transaction(raw_engine(store), write=False) as conn:
+        owners = conn.execute(select(o.id, o.target, o.name).order_by(o.id)).all()
+    assert [(target, name) for _, target, name in owners] == [("t", "x"), ("t", "y"),
+                                                             ("u", "x")]
+    (tx,) = store.read(Query("x", start=T, end=T + 60, target="t")).series()
+    assert tx.values == (1.0, 2.0)
