@@ -325,7 +325,7 @@ def test_a_move_that_crashed_before_deleting_its_rows_is_done_again_cleanly(
     store = make_store()
     before = _fill_four_targets(store)
 
-    def crash(_conn, _cutoff):
+    def crash(*_args: Any, **_kwargs: Any) -> None:
         raise RuntimeError("killed")
 
     with monkeypatch.context() as m:
@@ -399,6 +399,53 @@ def test_the_rows_a_move_leaves_are_all_kept(make_store) -> None:
     assert store.read(Query("x", start=T, end=T + 7200)).series() == [a, b]
     assert samplelog.transpose(raw_engine(store), gate=nullcontext()) == 4
     assert _table_counts(store)[0] == 0
+    assert store.read(Query("x", start=T, end=T + 7200)).series() == [a, b]
+
+
+def _listed(store: Store) -> list[tuple[int, int]]:
+    f = t.sample_log_flushes.c
+    with transaction(raw_engine(store), write=False) as conn:
+        return [(int(a), int(b)) for a, b in conn.execute(
+            select(f.start_ms, f.end_ms).order_by(f.seq))]
+
+
+def test_a_flush_across_the_hour_is_listed_from_the_cut_once_its_hour_moved(
+    make_store,
+) -> None:
+    # Its listing kept the start of the moved hour: every later run listed it again, found
+    # nothing to move and (on SQLite) copied the whole log all the same.
+    store = make_store()
+    for ts in (T + 3585, T + 3600, T + 3615):
+        store.write("a", ts, [Sample("x", (), ts - T)])
+    store.flush()
+    cut = (T + 3600) * 1000
+    asked = [0]
+
+    def meanwhile() -> bool:  # a late flush into the hour moved, committed during the move
+        asked[0] += 1
+        store.write("b", T + 3590, [Sample("x", (), -1.0)])
+        store.flush()
+        return False
+
+    engine = raw_engine(store)
+    assert samplelog.transpose(engine, gate=nullcontext(), stop=meanwhile, before_ms=cut) == 1
+    # The straddling flush now starts at the cut; the late one keeps its own start.
+    assert _listed(store) == [(cut, (T + 3615) * 1000), ((T + 3590) * 1000, (T + 3590) * 1000)]
+    assert samplelog.transpose(engine, gate=nullcontext(), before_ms=cut) == 1  # the late one
+    assert _listed(store) == [(cut, (T + 3615) * 1000)]
+    log_before = _log(store)
+    assert samplelog.transpose(engine, gate=nullcontext(), before_ms=cut) == 0
+    assert _log(store) == log_before
+    a, b = store.read(Query("x", start=T, end=T + 7200)).series()
+    assert (a.ts, a.values) == ((T + 3585, T + 3600, T + 3615), (3585.0, 3600.0, 3615.0))
+    assert b.values == (-1.0,)
+    # A store whose listing predates this (still starting before the cut) is corrected by
+    # the next run, which moves nothing.
+    with transaction(engine, write=True) as conn:
+        conn.execute(t.sample_log_flushes.update().values(start_ms=cut - 15_000))
+    assert samplelog.transpose(engine, gate=nullcontext(), before_ms=cut) == 0
+    assert _listed(store) == [(cut, (T + 3615) * 1000)]
+    assert _log(store) == log_before
     assert store.read(Query("x", start=T, end=T + 7200)).series() == [a, b]
 
 
