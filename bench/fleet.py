@@ -87,7 +87,8 @@ def _missed(port: int) -> float:
 
 
 def run_size(fleet: Fleet, targets: int, interval: float, duration: float,
-             serve_log: str | None = None, tracemalloc: int = 0) -> Size:
+             serve_log: str | None = None, tracemalloc: int = 0,
+             rules: str | None = None) -> Size:
     with tempfile.TemporaryDirectory(prefix="tw-fleet-") as tmp:
         port = _free_port()
         db = f"{tmp}/tw.db"
@@ -99,6 +100,8 @@ def run_size(fleet: Fleet, targets: int, interval: float, duration: float,
             "store": {"url": f"sqlite:///{db}"},
             "api": {"listen": f"127.0.0.1:{port}"},
         }
+        if rules:
+            config["alerting"] = {"rules_file": os.path.abspath(rules)}
         path = os.path.join(tmp, "tritonwatch.yaml")
         with open(path, "w", encoding="utf-8") as f:
             yaml.safe_dump(config, f)
@@ -193,6 +196,10 @@ def main() -> None:
                         help="print RSS per this many seconds of the window (0: not)")
     parser.add_argument("--serve-log", help="write serve's debug log here (store maintenance "
                         "phases, with their durations)")
+    parser.add_argument("--rules", metavar="FILE",
+                        help="serve with this alert rules file (default: the built-in rules "
+                             "only); e.g. one holding `defaults: {enabled: false}` measures "
+                             "the fleet without alert evaluation")
     parser.add_argument("--tracemalloc", type=int, default=0, metavar="FRAMES",
                         help="trace serve's allocations (PYTHONTRACEMALLOC; about twice the CPU) "
                         "and log the top source lines every 2 minutes in --serve-log")
@@ -211,7 +218,8 @@ def main() -> None:
         with simulated_fleet(n, models=args.models, gpus=args.gpus) as fleet:
             print(f"  {n} targets x {fleet.series} series ({fleet.payload_bytes / 1024:.0f} KiB "
                   "per scrape) ...", flush=True)
-            r = run_size(fleet, n, args.interval, args.duration, args.serve_log, args.tracemalloc)
+            r = run_size(fleet, n, args.interval, args.duration, args.serve_log, args.tracemalloc,
+                         args.rules)
         results.append(r)
         print(head)
         print(f"{r.targets:>7} {r.targets * r.series:>9,} "

@@ -17,6 +17,7 @@ from sqlalchemy import Engine
 
 from tritonwatch.store import maintenance, retention, samplelog
 from tritonwatch.store.errors import QueryError, db_errors
+from tritonwatch.store.fairlock import FairLock
 from tritonwatch.store.flush import SampleWriter
 from tritonwatch.store.reads import Reader
 
@@ -27,7 +28,7 @@ class Maintenance:
     """Rollup, compaction and retention of one store's database."""
 
     def __init__(
-        self, engine: Engine, url_redacted: str, *, batch_rows: int, gate: threading.Lock,
+        self, engine: Engine, url_redacted: str, *, batch_rows: int, gate: FairLock,
         reader: Reader, writer: SampleWriter,
     ) -> None:
         self._engine = engine

@@ -30,7 +30,7 @@ import logging
 import threading
 import time
 from collections.abc import Container, Iterable, Iterator, Mapping
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from operator import itemgetter
 from typing import Any, NamedTuple, Protocol
 
@@ -52,6 +52,7 @@ from tritonwatch.store.engine import (
     transaction,
 )
 from tritonwatch.store.errors import StoreError, db_errors
+from tritonwatch.store.fairlock import FairLock
 from tritonwatch.store.flush import BufferedScrape, SampleWriter, SeriesRefused
 from tritonwatch.store.jobs import Maintenance
 from tritonwatch.store.memory import HELD_SAMPLES, HeldWindow
@@ -175,7 +176,8 @@ class Store:
         self._batch_rows = batch_rows
         max_rows = 10 * batch_rows
         self._lock = threading.Lock()  # guards the three buffers, so drain() takes them at once
-        self._flush_lock = threading.Lock()  # one flush at a time; guards the writer's layouts
+        # One flush at a time; guards the writer's layouts; the write gate (store.fairlock).
+        self._flush_lock = FairLock()
         self._samples: Buffer[BufferedScrape] = Buffer(
             owner=self.url_redacted, bound=max_rows, lock=self._lock, weight=_scrape_samples,
             on_drop=lambda n: log.warning(
@@ -373,7 +375,8 @@ class Store:
         self, target: str, model: str, config: Mapping[str, Any], fetched_at: float
     ) -> None:
         """Store the latest configuration of ``model`` on ``target`` (replacing the previous)."""
-        with self._db("write model config"), transaction(self._engine, write=True) as conn:
+        with self._db("write model config"), write_gate_of(self), \
+                transaction(self._engine, write=True) as conn:
             records.put_model_config(conn, target, model, config, fetched_at)
 
     def limit_series(
@@ -616,6 +619,22 @@ class Store:
     def _db(self, action: str) -> AbstractContextManager[None]:
         """Driver and SQLAlchemy errors as StoreError naming the redacted URL."""
         return db_errors(action, self.url_redacted)
+
+
+def write_gate_of(store: Store) -> AbstractContextManager[Any]:
+    """What a writer of this process other than the flush holds around a write transaction:
+    on SQLite the flush lock, which maintenance also takes around each of its transactions.
+
+    SQLite has one writer at a time, and a writer that finds the lock taken polls for it
+    (the busy handler sleeps up to 100 ms between tries) while a thread that commits and
+    begins again takes it back at once: behind compaction's back-to-back transactions (160 s
+    of them each hour at 1,000 targets) an alert evaluation's save gave up after the busy
+    timeout ("database is locked").  Waiting on the lock, it gets the next turn.  PostgreSQL
+    writers do not exclude each other: nothing to hold there.  Never taken while holding it.
+    """
+    if store._engine.dialect.name == "sqlite":
+        return store._flush_lock
+    return nullcontext()
 
 
 def engine_of(store: Store) -> Engine:
