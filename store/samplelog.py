@@ -563,8 +563,9 @@ def transpose(
     seqs = select(f.seq).where(f.start_ms < cutoff, f.seq <= top).scalar_subquery()
     groups = _groups(engine, seqs, cutoff)
     if not groups:
-        # Nothing ends before the cut (the listed flushes' rows there were moved by a run
-        # that crashed after deleting them): no table to copy, only listings to correct.
+        # The listed flushes hold no row before the cut: an earlier run moved them (a
+        # listing kept from before its start moved to the cut, see _forget_flushes, or from
+        # a version that did not move it).  No table to copy, only listings to correct.
         with gate, transaction(engine, write=True) as conn:
             _lock(conn)
             _forget_flushes(conn, top, cutoff, all_moved=True)
