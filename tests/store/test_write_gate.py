@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from tritonwatch.store.store import engine_of, write_gate_of
 WAIT_S = 60.0  # a bound on waits for the other thread, never reached when things work
 
 
-def _wait_for(cond, what: str) -> None:
+def _wait_for(cond: Callable[[], bool], what: str) -> None:
     deadline = time.monotonic() + WAIT_S
     while not cond():
         if time.monotonic() > deadline:
@@ -32,8 +33,12 @@ def test_a_waiter_gets_the_lock_before_its_holder_takes_it_again() -> None:
     lock = FairLock()
     order: list[str] = []
     lock.acquire()
-    waiter = threading.Thread(target=lambda: (lock.acquire(), order.append("waiter"),
-                                              lock.release()))
+
+    def wait_for_it() -> None:
+        with lock:
+            order.append("waiter")
+
+    waiter = threading.Thread(target=wait_for_it)
     waiter.start()
     _wait_for(lambda: lock.waiting() == 1, "the waiter to queue")
     for _ in range(3):  # release and take it back at once, as maintenance does
@@ -51,7 +56,12 @@ def test_a_try_does_not_jump_the_queue_and_misuse_is_refused() -> None:
     assert lock.acquire(blocking=False)
     assert not lock.acquire(blocking=False)  # held
     got = threading.Event()
-    waiter = threading.Thread(target=lambda: (lock.acquire(), got.set(), lock.release()))
+
+    def wait_for_it() -> None:
+        with lock:
+            got.set()
+
+    waiter = threading.Thread(target=wait_for_it)
     waiter.start()
     _wait_for(lambda: lock.waiting() == 1, "the waiter to queue")
     lock.release()
