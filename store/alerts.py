@@ -30,7 +30,7 @@ from tritonwatch.schemas.samples import Labels, labels_json, make_labels
 from tritonwatch.schemas.untrusted import db_text
 from tritonwatch.store.engine import transaction
 from tritonwatch.store.errors import StoreError, db_errors
-from tritonwatch.store.store import Store, engine_of, write_gate_of
+from tritonwatch.store.store import Store, engine_of, write_transaction
 from tritonwatch.store.write import dialect_insert
 
 _STATUSES = frozenset({"pending", "firing", "resolved"})
@@ -67,7 +67,6 @@ class AlertStore:
     def __init__(self, store: Store) -> None:
         self._store = store
         self._engine = engine_of(store)
-        self._gate = write_gate_of(store)
 
     # --- states ------------------------------------------------------------------------------
 
@@ -117,8 +116,7 @@ class AlertStore:
         st = t.alert_states
         gone = sorted(set(removed))
         rows = [_state_row(s, now) for s in sorted(upsert, key=lambda s: s.state.fingerprint)]
-        with self._db("save alert states"), self._gate, \
-                transaction(self._engine, write=True) as conn:
+        with write_transaction(self._store, "save alert states") as conn:
             if gone:
                 conn.execute(delete(st).where(st.c.fingerprint.in_(gone)))
             if rows:
@@ -136,8 +134,7 @@ class AlertStore:
         if not sent:
             return
         st = t.alert_states
-        with self._db("mark alerts sent"), self._gate, \
-                transaction(self._engine, write=True) as conn:
+        with write_transaction(self._store, "mark alerts sent") as conn:
             for fp, ts in sorted(sent.items()):
                 conn.execute(
                     update(st).where(st.c.fingerprint == fp).values(last_sent_at=_ms(ts))
@@ -145,8 +142,7 @@ class AlertStore:
 
     def clear(self) -> None:
         """Forget every alert state (history is kept)."""
-        with self._db("clear alert states"), self._gate, \
-                transaction(self._engine, write=True) as conn:
+        with write_transaction(self._store, "clear alert states") as conn:
             conn.execute(delete(t.alert_states))
 
     # --- history -----------------------------------------------------------------------------
@@ -155,8 +151,7 @@ class AlertStore:
         """Append events to the history (e.g. alerts received from Alertmanager)."""
         if not events:
             return 0
-        with self._db("append alert events"), self._gate, \
-                transaction(self._engine, write=True) as conn:
+        with write_transaction(self._store, "append alert events") as conn:
             conn.execute(t.alert_events.insert(), [_event_row(e) for e in events])
         return len(events)
 

@@ -17,7 +17,7 @@ from sqlalchemy import select
 from tritonwatch.schemas import tables as t
 from tritonwatch.store.engine import transaction
 from tritonwatch.store.errors import db_errors
-from tritonwatch.store.store import Store, engine_of, write_gate_of
+from tritonwatch.store.store import Store, engine_of, write_transaction
 from tritonwatch.store.write import dialect_insert
 
 Format = Literal["json", "html", "md"]
@@ -50,7 +50,6 @@ class ReportStore:
     def __init__(self, store: Store) -> None:
         self._store = store
         self._engine = engine_of(store)
-        self._gate = write_gate_of(store)
 
     def _values(self, week: str, config_key: str, timezone: str, start: float, end: float,
                 created_at: float, summary: dict[str, Any],
@@ -72,8 +71,7 @@ class ReportStore:
         row = self._values(week, config_key, timezone, start, end, created_at, summary,
                            documents)
         r = t.reports
-        with self._db("store report"), self._gate, \
-                transaction(self._engine, write=True) as conn:
+        with write_transaction(self._store, "store report") as conn:
             stmt = dialect_insert(conn, r).values(**row)
             if replace:
                 stmt = stmt.on_conflict_do_update(
@@ -102,8 +100,7 @@ class ReportStore:
                         at: float) -> int:
         """Count one delivery attempt of a report on a channel; the attempts so far."""
         d = t.report_deliveries
-        with self._db("store report delivery"), self._gate, \
-                transaction(self._engine, write=True) as conn:
+        with write_transaction(self._store, "store report delivery") as conn:
             stmt = dialect_insert(conn, d).values(
                 report_id=report_id, channel=channel, delivered=delivered, attempts=1,
                 last_attempt_ms=round(at * 1000))

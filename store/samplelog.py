@@ -562,15 +562,6 @@ def transpose(
     # once, whatever the number of flushes.
     seqs = select(f.seq).where(f.start_ms < cutoff, f.seq <= top).scalar_subquery()
     groups = _groups(engine, seqs, cutoff)
-    if not groups:
-        # The listed flushes hold no row before the cut: an earlier run moved them (a
-        # listing kept from before its start moved to the cut, see _forget_flushes, or from
-        # a version that did not move it).  No table to copy, only listings to correct.
-        with gate, transaction(engine, write=True) as conn:
-            _lock(conn)
-            _forget_flushes(conn, top, cutoff, all_moved=True)
-            conn.execute(delete(t.meta).where(t.meta.c.key == MOVE_PENDING))
-        return 0
     moved = 0
     done: list[_Group] = []
     for group in groups:
@@ -595,6 +586,12 @@ def transpose(
             for group in done:
                 conn.execute(delete(t.sample_log).where(
                     c.seq.in_(seqs), c.end_ms < cutoff, group.rows(conn)))
+        elif not groups:
+            # The listed flushes hold no row before the cut: an earlier run moved them (a
+            # listing kept from before its start moved to the cut, see _forget_flushes, or
+            # from a version that did not move it).  No table to copy, only listings to
+            # correct.
+            pass
         elif conn.dialect.name == "sqlite":
             _keep_only_unmoved(conn, seqs, top, cutoff)
         else:

@@ -35,7 +35,7 @@ from operator import itemgetter
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 
 from tritonwatch.schemas import tables as t
 from tritonwatch.schemas.probes import ProbeResult
@@ -375,8 +375,7 @@ class Store:
         self, target: str, model: str, config: Mapping[str, Any], fetched_at: float
     ) -> None:
         """Store the latest configuration of ``model`` on ``target`` (replacing the previous)."""
-        with self._db("write model config"), write_gate_of(self), \
-                transaction(self._engine, write=True) as conn:
+        with write_transaction(self, "write model config") as conn:
             records.put_model_config(conn, target, model, config, fetched_at)
 
     def limit_series(
@@ -621,20 +620,26 @@ class Store:
         return db_errors(action, self.url_redacted)
 
 
-def write_gate_of(store: Store) -> AbstractContextManager[Any]:
-    """What a writer of this process other than the flush holds around a write transaction:
-    on SQLite the flush lock, which maintenance also takes around each of its transactions.
+@contextmanager
+def write_transaction(store: Store, action: str) -> Iterator[Connection]:
+    """A write transaction of a writer of this process other than the flush (alert states and
+    events, reports, model configs), behind the store's write gate; errors as StoreError
+    naming ``action``.
 
-    SQLite has one writer at a time, and a writer that finds the lock taken polls for it
-    (the busy handler sleeps up to 100 ms between tries) while a thread that commits and
-    begins again takes it back at once: behind compaction's back-to-back transactions (160 s
-    of them each hour at 1,000 targets) an alert evaluation's save gave up after the busy
-    timeout ("database is locked").  Waiting on the lock, it gets the next turn.  PostgreSQL
-    writers do not exclude each other: nothing to hold there.  Never taken while holding it.
+    On SQLite the gate is the flush lock, which maintenance also takes around each of its
+    transactions.  SQLite has one writer at a time, and a writer that finds the lock taken
+    polls for it (the busy handler sleeps up to 100 ms between tries) while a thread that
+    commits and begins again takes it back at once: behind compaction's back-to-back
+    transactions (160 s of them each hour at 1,000 targets) an alert evaluation's save gave
+    up after the busy timeout ("database is locked").  Waiting on the lock (handed out in
+    the order asked, ``store.fairlock``), it gets the next turn.  PostgreSQL writers do not
+    exclude each other: nothing to hold there.  Never entered while holding the flush lock.
     """
-    if store._engine.dialect.name == "sqlite":
-        return store._flush_lock
-    return nullcontext()
+    gate: AbstractContextManager[Any] = (
+        store._flush_lock if store._engine.dialect.name == "sqlite" else nullcontext())
+    with db_errors(action, store.url_redacted), gate, \
+            transaction(store._engine, write=True) as conn:
+        yield conn
 
 
 def engine_of(store: Store) -> Engine:

@@ -16,7 +16,7 @@ from tritonwatch.store import open_store
 from tritonwatch.store.alerts import AlertStore
 from tritonwatch.store.engine import transaction
 from tritonwatch.store.fairlock import FairLock
-from tritonwatch.store.store import engine_of, write_gate_of
+from tritonwatch.store.store import engine_of
 
 WAIT_S = 60.0  # a bound on waits for the other thread, never reached when things work
 
@@ -80,7 +80,7 @@ def test_an_alert_save_gets_its_turn_between_maintenance_transactions(tmp_path: 
     # (0.2 s) is far shorter than the run.  Through the gate it gets the next turn.
     store = open_store(f"sqlite:///{tmp_path}/tw.db", timeout_s=0.2)
     store.migrations.apply()
-    engine, gate = engine_of(store), write_gate_of(store)
+    engine, gate = engine_of(store), store.maintenance._gate  # what maintenance holds
     stop = threading.Event()
     turns = [0]
 
