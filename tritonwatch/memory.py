@@ -14,9 +14,11 @@ import ctypes.util
 import gc
 import logging
 import sys
+import threading
 import time
 import tracemalloc
 from collections.abc import Callable
+from types import FrameType
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
@@ -125,6 +127,64 @@ def release_free_memory() -> None:
               after.heap_free / _MIB, after.mapped / _MIB, after.sqlite / _MIB,
               after.python_blocks)
     log_allocation_sites()
+
+
+#: How often :func:`watch_peaks` reads the RSS, and by how much a new high-water mark must
+#: pass the last one logged to be logged.
+PEAK_POLL_S = 0.2
+PEAK_STEP_BYTES = 8 * 1024 * 1024
+
+
+def watch_peaks(stop: threading.Event, *, poll_s: float = PEAK_POLL_S,
+                step: int = PEAK_STEP_BYTES) -> threading.Thread | None:
+    """With debug logging on, start a thread that logs each new RSS high-water mark (``step``
+    above the last one logged) with where every thread of the process was at that moment.
+
+    A fleet's peak lasts a second or less, between the 15 s reports of
+    :func:`release_free_memory`; the high-water mark an operator reads in ``VmHWM`` says how
+    high, not what.  Polling ``/proc/self/statm`` costs microseconds; the stacks are read only
+    on a new peak.  Returns the thread, or None when debug logging is off.
+    """
+    if not log.isEnabledFor(logging.DEBUG):
+        return None
+
+    def run() -> None:
+        logged = _rss()
+        while not stop.wait(poll_s):
+            rss = _rss()
+            if rss >= logged + step:
+                now = report()
+                log.debug("memory: RSS high-water %.1f MiB (+%.1f): malloc heap %.1f MiB in "
+                          "use, %.1f mapped, SQLite %.1f, %d CPython blocks; %s", rss / _MIB,
+                          (rss - logged) / _MIB, now.heap_used / _MIB, now.mapped / _MIB,
+                          now.sqlite / _MIB, now.python_blocks, where_threads_are())
+                logged = rss
+
+    thread = threading.Thread(target=run, name="memory:peaks", daemon=True)
+    thread.start()
+    return thread
+
+
+def where_threads_are(depth: int = 8) -> str:
+    """Each thread's name and its innermost ``depth`` frames, innermost first, one line."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    me = threading.get_ident()
+    parts = []
+    for ident, frame in sys._current_frames().items():
+        if ident == me:
+            continue
+        frames: list[str] = []
+        f: FrameType | None = frame
+        while f is not None and len(frames) < depth:
+            frames.append(f"{_short(f.f_code.co_filename)}:{f.f_lineno} {f.f_code.co_name}")
+            f = f.f_back
+        parts.append(f"[{names.get(ident, ident)}] " + " < ".join(frames))
+    return " | ".join(parts)
+
+
+def _short(filename: str) -> str:
+    # The last two parts of the path: "store/samplelog.py", "asyncio/base_events.py".
+    return "/".join(filename.rsplit("/", 2)[-2:])
 
 
 #: How often :func:`log_allocation_sites` logs (seconds): a snapshot of a fleet's millions of

@@ -246,6 +246,7 @@ async def _serve(
             loop.add_signal_handler(sig, stop.set)
     stopped_at: list[float] = []
     deadline: float | None = None
+    peaks_done = threading.Event()
 
     async def _stop_server() -> None:
         await stop.wait()
@@ -258,6 +259,7 @@ async def _serve(
                      len(config.targets), store.url_redacted, host, port)
             drain = _RunningJobs(scheduler)
             scheduler.start()
+            memory.watch_peaks(peaks_done)  # -vv: what each new RSS high-water mark was
             tasks = [asyncio.create_task(_stop_server())]
             if membership is not None:
                 # Not in `tasks` (cancelled at shutdown): it ends by itself once `stop` is
@@ -270,6 +272,7 @@ async def _serve(
                 await server.serve()
             finally:
                 stop.set()
+                peaks_done.set()
                 signalled = stopped_at[0] if stopped_at else time.monotonic()
                 deadline = signalled + SHUTDOWN_TIMEOUT_S
                 # Start nothing new, let running jobs (a scrape, a probe run, an evaluation in

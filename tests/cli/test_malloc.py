@@ -65,3 +65,45 @@ def test_memory_report_names_where_the_memory_is_at_debug() -> None:
                          check=True, timeout=120)
     line = next(x for x in out.stderr.splitlines() if x.startswith("tritonwatch.memory "))
     assert "after trim; malloc heap" in line and "SQLite" in line, out.stderr
+
+
+PEAKS_CHILD = textwrap.dedent("""
+    import logging, threading, time
+    from tritonwatch import memory
+    logging.basicConfig(level=logging.DEBUG, format="%(name)s %(message)s")
+    done = threading.Event()
+    assert memory.watch_peaks(done, poll_s=0.05, step=16 << 20) is not None
+
+    def allocating_thread():
+        block = b"x" * (64 << 20)  # 64 MiB, every page touched
+        done.wait(60)  # held (and this frame on the stack) until the peak is logged
+        del block
+
+    worker = threading.Thread(target=allocating_thread, name="allocator")
+    worker.start()
+    # The watcher logs from its own thread; wait for its line (at most 60 s: a busy machine).
+    class Seen(logging.Handler):
+        def emit(self, record):
+            if "high-water" in record.getMessage():
+                done.set()
+    logging.getLogger("tritonwatch.memory").addHandler(Seen())
+    done.wait(60)
+    worker.join(60)
+""")
+
+
+def test_each_new_rss_high_water_mark_is_logged_with_every_threads_stack_at_debug() -> None:
+    out = subprocess.run([sys.executable, "-c", PEAKS_CHILD], capture_output=True, text=True,
+                         check=True, timeout=120)
+    line = next(x for x in out.stderr.splitlines() if "high-water" in x)
+    # The allocating thread is named, with the function it was in.
+    assert "[allocator]" in line and "allocating_thread" in line, out.stderr
+    assert "malloc heap" in line, line
+
+
+def test_no_peak_watcher_without_debug_logging() -> None:
+    import threading
+
+    from tritonwatch import memory
+
+    assert memory.watch_peaks(threading.Event()) is None
