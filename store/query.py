@@ -548,23 +548,34 @@ def bucket_columns(
                     raise LimitExceeded(
                         f"the query would read more than {max_samples:,} samples",
                         what="samples", limit=max_samples)
-    parts = [
-        _parts(conn, table, chunk, lo_ms=lo, hi_ms=hi, step_ms=step_ms, agg=agg)
-        for table, lo, hi in plan
-        for chunk in _chunks(ids)
-    ]
-    if not parts or not sum(len(p.ids) for p in parts):
+    # A batch of series at a time, from every source, merged: the batches hold disjoint
+    # series, so only a batch's partials are ever held unmerged.  All of them held at once
+    # were the peak of a regression history's cold read (4 h of 1-minute buckets of every
+    # instance: bench.alerts_eval at 300 targets peaked at 379 MiB, 270 in batches).
+    ranks: list[npt.NDArray[np.int64]] = []
+    buckets: list[npt.NDArray[np.int64]] = []
+    merged: list[npt.NDArray[np.float64]] = []
+    for offset in range(0, len(ids), _ID_CHUNK):
+        chunk = ids[offset : offset + _ID_CHUNK]
+        parts = [_parts(conn, table, chunk, lo_ms=lo, hi_ms=hi, step_ms=step_ms, agg=agg)
+                 for table, lo, hi in plan]
+        if not sum(len(p.ids) for p in parts):
+            continue
+        sid, b, x, y = (np.concatenate(col) for col in zip(*parts, strict=True))
+        # Each row's series as its place in ``series``, so that the sort below is in its
+        # order (and the batches, taken in that order, follow one another).
+        known = np.array(chunk, np.int64)
+        by_id = np.argsort(known)
+        rank = by_id[np.searchsorted(known, sid, sorter=by_id)] + offset
+        order = np.lexsort((b, rank))  # stable: a source's partial stays before a later one's
+        rank, b, x, y = rank[order], b[order], x[order], y[order]
+        starts, ends = run_bounds(rank, b)
+        merged.append(_merge(agg, x, y, starts, ends))
+        ranks.append(rank[starts])
+        buckets.append(b[starts])
+    if not ranks:
         return SeriesColumns([], np.zeros(1, np.int64), np.empty(0), np.empty(0))
-    sid, b, x, y = (np.concatenate(col) for col in zip(*parts, strict=True))
-    # Each row's series as its place in ``series``, so that the sort below is in its order.
-    known = np.array(ids, np.int64)
-    by_id = np.argsort(known)
-    rank = by_id[np.searchsorted(known, sid, sorter=by_id)]
-    order = np.lexsort((b, rank))  # stable: a source's partial stays before a later one's
-    rank, b, x, y = rank[order], b[order], x[order], y[order]
-    starts, ends = run_bounds(rank, b)
-    values = _merge(agg, x, y, starts, ends)
-    rank, b = rank[starts], b[starts]
+    rank, b, values = np.concatenate(ranks), np.concatenate(buckets), np.concatenate(merged)
     firsts, _ = run_bounds(rank)
     bounds = np.append(firsts, len(rank)).astype(np.int64)
     keys = [series[r][1] for r in rank[firsts].tolist()]
