@@ -148,8 +148,10 @@ def watch_peaks(stop: threading.Event, *, poll_s: float = PEAK_POLL_S,
     if not log.isEnabledFor(logging.DEBUG):
         return None
 
+    start = _rss()  # now, not when the thread first runs: what is allocated meanwhile counts
+
     def run() -> None:
-        logged = _rss()
+        logged = start
         while not stop.wait(poll_s):
             rss = _rss()
             if rss >= logged + step:
@@ -166,20 +168,35 @@ def watch_peaks(stop: threading.Event, *, poll_s: float = PEAK_POLL_S,
 
 
 def where_threads_are(depth: int = 8) -> str:
-    """Each thread's name and its innermost ``depth`` frames, innermost first, one line."""
+    """Each thread running tritonwatch's code (its own, or a bench's): its name and its
+    innermost ``depth`` frames, innermost first, one line; idle pool threads (only the
+    standard library and other packages on their stacks) are counted, not listed."""
     names = {t.ident: t.name for t in threading.enumerate()}
     me = threading.get_ident()
     parts = []
+    idle = 0
     for ident, frame in sys._current_frames().items():
         if ident == me:
             continue
-        frames: list[str] = []
+        stack: list[FrameType] = []
         f: FrameType | None = frame
-        while f is not None and len(frames) < depth:
-            frames.append(f"{_short(f.f_code.co_filename)}:{f.f_lineno} {f.f_code.co_name}")
+        while f is not None:
+            stack.append(f)
             f = f.f_back
-        parts.append(f"[{names.get(ident, ident)}] " + " < ".join(frames))
-    return " | ".join(parts)
+        if not any(_OWN in x.f_code.co_filename or _BENCH in x.f_code.co_filename
+                   for x in stack):
+            idle += 1
+            continue
+        parts.append(f"[{names.get(ident, ident)}] " + " < ".join(
+            f"{_short(x.f_code.co_filename)}:{x.f_lineno} {x.f_code.co_name}"
+            for x in stack[:depth]))
+    return " | ".join([*parts, f"{idle} idle thread(s)"])
+
+
+# Where tritonwatch's modules (installed, or this checkout's, under tritonwatch/) and the
+# benches' are.
+_OWN = "/tritonwatch/"
+_BENCH = "/bench/"
 
 
 def _short(filename: str) -> str:
