@@ -758,3 +758,60 @@ def test_a_target_whose_series_change_keeps_its_names_owners(store: Store) -> No
                                                              ("u", "x")]
     (tx,) = store.read(Query("x", start=T, end=T + 60, target="t")).series()
     assert tx.values == (1.0, 2.0)
+
+
+def _chunk_rows(store: Store) -> list[tuple[Any, ...]]:
+    c = t.sample_chunks.c
+    with transaction(raw_engine(store), write=False) as conn:
+        return [(r[0], r[1], r[2], r[3], r[4], bytes(r[5])) for r in conn.execute(
+            select(c.series_id, c.start_ms, c.end_ms, c.seq, c.n, c.data)
+            .order_by(c.series_id, c.start_ms, c.seq))]
+
+
+def test_a_name_larger_than_a_move_transaction_is_moved_a_batch_of_series_at_a_time(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One name of the NVML host's target holds a GPU series of every target of a fleet
+    # (hundreds of thousands of samples an hour); decoded and sorted whole it was the
+    # collector's peak RSS every hour.  Its rows are decoded a few at a time and its chunks
+    # built a range of series at a time: the chunks written must be byte for byte those of a
+    # move done whole, last writes, infinities and a series seen in some flushes only included.
+    from tritonwatch.store import open_store
+
+    def filled(path: str) -> Store:
+        s = open_store(f"sqlite:///{tmp_path}/{path}.db")
+        s.migrations.apply()
+        for k in range(6):
+            samples = [Sample("gpu_util", (("gpu", str(g)),), float(k * g) / 3)
+                       for g in range(9) if (g + k) % 4]
+            samples += [Sample("gpu_util", (("gpu", "inf"),), math.inf if k % 2 else -math.inf)]
+            s.write("nvml", T + k * 15, samples)
+            s.flush()
+        # A second write of the same timestamps, in a later flush: the last write wins.
+        s.write("nvml", T + 15, [Sample("gpu_util", (("gpu", str(g)),), -1.0 - g)
+                                 for g in range(9)])
+        s.flush()
+        return s
+
+    whole, batched = filled("whole"), filled("batched")
+    try:
+        before = whole.read(Query("gpu_util", start=T, end=T + 3600)).series()
+        assert _move(whole) == 55  # 40 + 6 infinities + 9 written again
+        batches: list[int] = []
+        real = samplelog._write_chunks
+
+        def counting(conn, sids, *args, **kwargs):
+            batches.append(len(np.unique(sids)))
+            return real(conn, sids, *args, **kwargs)
+
+        monkeypatch.setattr(samplelog, "_write_chunks", counting)
+        monkeypatch.setattr(samplelog, "TRANSPOSE_SAMPLES", 8)
+        assert _move(batched) == 55
+        # 55 samples of 10 series in batches of about 8 samples: whole series each.
+        assert len(batches) > 3 and sum(batches) == 10, batches
+        assert _chunk_rows(batched) == _chunk_rows(whole)
+        assert batched.read(Query("gpu_util", start=T, end=T + 3600)).series() == before
+        assert _table_counts(batched) == (0, 10)
+    finally:
+        whole.close()
+        batched.close()
