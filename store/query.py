@@ -549,9 +549,10 @@ def bucket_columns(
                         f"the query would read more than {max_samples:,} samples",
                         what="samples", limit=max_samples)
     # A batch of series at a time, from every source, merged: the batches hold disjoint
-    # series, so only a batch's partials are ever held unmerged.  All of them held at once
-    # were the peak of a regression history's cold read (4 h of 1-minute buckets of every
-    # instance: bench.alerts_eval at 300 targets peaked at 379 MiB, 270 in batches).
+    # series (``series`` lists each id once: find_series selects them by key), so only a
+    # batch's partials are ever held unmerged.  All of them held at once were the peak of a
+    # regression history's cold read (4 h of 1-minute buckets of every instance:
+    # bench.alerts_eval at 300 targets peaked at 379 MiB, 268 in batches).
     ranks: list[npt.NDArray[np.int64]] = []
     buckets: list[npt.NDArray[np.int64]] = []
     merged: list[npt.NDArray[np.float64]] = []

@@ -779,15 +779,17 @@ def _decode(rows: Sequence[Any]) -> Columns:
     return joined[0], joined[1], joined[2], joined[3]
 
 
-def _series_batches(sids: npt.NDArray[np.int64]) -> list[Any]:
+def _series_batches(sids: npt.NDArray[np.int64]) -> list[slice | npt.NDArray[np.intp]]:
     """Selections of ``sids``' positions, in their order, each the samples of a range of
-    series ids of about :data:`TRANSPOSE_SAMPLES` (a series whole in one), together all of
-    them: what one sort and encoding holds at once."""
+    series ids of about :data:`TRANSPOSE_SAMPLES` (a series whole in one, however large),
+    together all of them: what one sort and encoding holds at once."""
     if len(sids) <= TRANSPOSE_SAMPLES:
         return [slice(None)]
     ids, counts = np.unique(sids, return_counts=True)
     batch = (np.cumsum(counts) - counts) // TRANSPOSE_SAMPLES
     starts, ends = run_bounds(batch)
+    if len(starts) == 1:  # one series larger than a batch: no copy of the columns
+        return [slice(None)]
     return [np.flatnonzero((sids >= ids[a]) & (sids <= ids[b - 1]))
             for a, b in zip(starts.tolist(), ends.tolist(), strict=True)]
 

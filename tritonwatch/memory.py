@@ -13,6 +13,7 @@ import ctypes
 import ctypes.util
 import gc
 import logging
+import os
 import sys
 import threading
 import time
@@ -138,7 +139,8 @@ PEAK_STEP_BYTES = 8 * 1024 * 1024
 def watch_peaks(stop: threading.Event, *, poll_s: float = PEAK_POLL_S,
                 step: int = PEAK_STEP_BYTES) -> threading.Thread | None:
     """With debug logging on, start a thread that logs each new RSS high-water mark (``step``
-    above the last one logged) with where every thread of the process was at that moment.
+    above the last one logged) with where each thread running tritonwatch's code was at that
+    moment (:func:`where_threads_are`).
 
     A fleet's peak lasts a second or less, between the 15 s reports of
     :func:`release_free_memory`; the high-water mark an operator reads in ``VmHWM`` says how
@@ -149,18 +151,23 @@ def watch_peaks(stop: threading.Event, *, poll_s: float = PEAK_POLL_S,
         return None
 
     start = _rss()  # now, not when the thread first runs: what is allocated meanwhile counts
+    _sqlite_memory()  # its library looked up here, not in the watcher at the first peak
 
     def run() -> None:
         logged = start
         while not stop.wait(poll_s):
             rss = _rss()
-            if rss >= logged + step:
+            if rss < logged + step:
+                continue
+            rose, logged = rss - logged, rss
+            try:
                 now = report()
                 log.debug("memory: RSS high-water %.1f MiB (+%.1f): malloc heap %.1f MiB in "
                           "use, %.1f mapped, SQLite %.1f, %d CPython blocks; %s", rss / _MIB,
-                          (rss - logged) / _MIB, now.heap_used / _MIB, now.mapped / _MIB,
+                          rose / _MIB, now.heap_used / _MIB, now.mapped / _MIB,
                           now.sqlite / _MIB, now.python_blocks, where_threads_are())
-                logged = rss
+            except Exception:  # a diagnostic: it must not end, nor take anything with it
+                log.debug("memory: the peak watcher could not report", exc_info=True)
 
     thread = threading.Thread(target=run, name="memory:peaks", daemon=True)
     thread.start()
@@ -183,8 +190,7 @@ def where_threads_are(depth: int = 8) -> str:
         while f is not None:
             stack.append(f)
             f = f.f_back
-        if not any(_OWN in x.f_code.co_filename or _BENCH in x.f_code.co_filename
-                   for x in stack):
+        if not any(x.f_code.co_filename.startswith((_OWN, _BENCH)) for x in stack):
             idle += 1
             continue
         parts.append(f"[{names.get(ident, ident)}] " + " < ".join(
@@ -193,10 +199,10 @@ def where_threads_are(depth: int = 8) -> str:
     return " | ".join([*parts, f"{idle} idle thread(s)"])
 
 
-# Where tritonwatch's modules (installed, or this checkout's, under tritonwatch/) and the
-# benches' are.
-_OWN = "/tritonwatch/"
-_BENCH = "/bench/"
+# Where tritonwatch's modules are (installed, or this checkout's: the package's folder as
+# imported, not resolved, so that its linked subpackages are in it) and the benches'.
+_OWN = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench") + os.sep
 
 
 def _short(filename: str) -> str:
@@ -276,7 +282,7 @@ def _sqlite_memory() -> int:
 
 _sqlite_used: Callable[[], int] | None = None
 _MIB = 1024 * 1024
-_PAGE = 4096
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 class _MallInfo2(ctypes.Structure):

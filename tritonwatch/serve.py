@@ -247,6 +247,7 @@ async def _serve(
     stopped_at: list[float] = []
     deadline: float | None = None
     peaks_done = threading.Event()
+    watcher: threading.Thread | None = None
 
     async def _stop_server() -> None:
         await stop.wait()
@@ -259,7 +260,8 @@ async def _serve(
                      len(config.targets), store.url_redacted, host, port)
             drain = _RunningJobs(scheduler)
             scheduler.start()
-            memory.watch_peaks(peaks_done)  # -vv: what each new RSS high-water mark was
+            # -vv: what each new RSS high-water mark was, shutdown's included.
+            watcher = memory.watch_peaks(peaks_done)
             tasks = [asyncio.create_task(_stop_server())]
             if membership is not None:
                 # Not in `tasks` (cancelled at shutdown): it ends by itself once `stop` is
@@ -272,7 +274,6 @@ async def _serve(
                 await server.serve()
             finally:
                 stop.set()
-                peaks_done.set()
                 signalled = stopped_at[0] if stopped_at else time.monotonic()
                 deadline = signalled + SHUTDOWN_TIMEOUT_S
                 # Start nothing new, let running jobs (a scrape, a probe run, an evaluation in
@@ -313,6 +314,9 @@ async def _serve(
             # After the store's last writes; unsent samples stay in its on-disk buffer.
             await asyncio.to_thread(tsdb.close)
     finally:
+        peaks_done.set()
+        if watcher is not None:
+            watcher.join(memory.PEAK_POLL_S * 10)
         # In all cases, so that a later Ctrl-C is not swallowed by a dead event loop's handler.
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):

@@ -768,14 +768,17 @@ def _chunk_rows(store: Store) -> list[tuple[Any, ...]]:
             .order_by(c.series_id, c.start_ms, c.seq))]
 
 
+@pytest.mark.parametrize("budget", [3, 8])
 def test_a_name_larger_than_a_move_transaction_is_moved_a_batch_of_series_at_a_time(
-    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, budget: int
 ) -> None:
     # One name of the NVML host's target holds a GPU series of every target of a fleet
     # (hundreds of thousands of samples an hour); decoded and sorted whole it was the
     # collector's peak RSS every hour.  Its rows are decoded a few at a time and its chunks
     # built a range of series at a time: the chunks written must be byte for byte those of a
-    # move done whole, last writes, infinities and a series seen in some flushes only included.
+    # move done whole, last writes, infinities, a series seen in some flushes only and one
+    # larger than a batch (budget 3) included; and moving them again after a crash (``redo``)
+    # replaces them.
     from tritonwatch.store import open_store
 
     def filled(path: str) -> Store:
@@ -793,7 +796,7 @@ def test_a_name_larger_than_a_move_transaction_is_moved_a_batch_of_series_at_a_t
         s.flush()
         return s
 
-    whole, batched = filled("whole"), filled("batched")
+    whole, batched, redone = filled("whole"), filled("batched"), filled("redone")
     try:
         before = whole.read(Query("gpu_util", start=T, end=T + 3600)).series()
         assert _move(whole) == 55  # 40 + 6 infinities + 9 written again
@@ -805,13 +808,23 @@ def test_a_name_larger_than_a_move_transaction_is_moved_a_batch_of_series_at_a_t
             return real(conn, sids, *args, **kwargs)
 
         monkeypatch.setattr(samplelog, "_write_chunks", counting)
-        monkeypatch.setattr(samplelog, "TRANSPOSE_SAMPLES", 8)
+        monkeypatch.setattr(samplelog, "TRANSPOSE_SAMPLES", budget)
         assert _move(batched) == 55
-        # 55 samples of 10 series in batches of about 8 samples: whole series each.
-        assert len(batches) > 3 and sum(batches) == 10, batches
+        # 55 samples of 10 series (at most 7 samples each) in batches of whole series.
+        assert len(batches) >= 55 // max(budget, 7) and sum(batches) == 10, batches
         assert _chunk_rows(batched) == _chunk_rows(whole)
         assert batched.read(Query("gpu_util", start=T, end=T + 3600)).series() == before
         assert _table_counts(batched) == (0, 10)
+
+        # A run that crashed after writing the chunks: the next one writes them again.
+        f = t.sample_log_flushes.c
+        with transaction(raw_engine(redone), write=True) as conn:
+            seqs = select(f.seq).scalar_subquery()
+            owners = list(conn.execute(select(t.sample_log_owners.c.id)).scalars())
+            group = samplelog._Group(owners)
+            assert samplelog._move(conn, seqs, (1 << 63) - 1, group, redo=False) == 55
+            assert samplelog._move(conn, seqs, (1 << 63) - 1, group, redo=True) == 55
+        assert _chunk_rows(redone) == _chunk_rows(whole)
     finally:
-        whole.close()
-        batched.close()
+        for s in (whole, batched, redone):
+            s.close()

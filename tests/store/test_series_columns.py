@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tritonwatch.schemas.samples import Sample, make_labels
-from tritonwatch.store import Query, SeriesColumns, SeriesKey, Store
+from tritonwatch.store import Query, SeriesColumns, SeriesKey, Store, query
 
 T0 = (int(time.time()) // 3600 - 24) * 3600.0
 
@@ -68,3 +68,30 @@ def test_finite_sums_equal_a_loop_over_the_points(seed: int) -> None:
         assert found[i] == len(kept)
         assert sums[i] == pytest.approx(math.fsum(kept), rel=1e-12, abs=1e-9)
     assert cols.finite_sums()[1].sum() == np.isfinite(values).sum()
+
+
+@pytest.mark.parametrize("agg", ["avg", "min", "max", "sum", "count", "last"])
+def test_bucketed_columns_read_in_batches_equal_each_series_read_alone(
+    make_store: Callable[..., Store], monkeypatch: pytest.MonkeyPatch, agg: query.Agg
+) -> None:
+    # Batches of 7 series: a read of 80 series merges a dozen batches, each from the 5-minute
+    # rollup and from raw samples (the watermark falls inside the window).
+    monkeypatch.setattr(query, "_ID_CHUNK", 7)
+    store = make_store()
+    for step in range(40):  # every 60 s for 40 minutes
+        ts = T0 + 60 * step
+        for target in ("b-target", "a-target"):
+            samples = [Sample("x", make_labels({"i": str(i)}),
+                              math.inf if (i + step) % 13 == 0 else float(i * 100 + step % 7))
+                       for i in range(40) if (i + step) % 9]
+            store.write(target, ts, samples[::-1])
+        store.flush()  # series created in an order that is not their key order
+    store.maintenance.rollup(T0 + 25 * 60)
+    start, end = T0, T0 + 40 * 60
+    cols = store.read(Query("x", start=start, end=end, step=300, agg=agg))
+    assert cols.keys == sorted(cols.keys) and len(cols.keys) == 80
+    for key, data in zip(cols.keys, cols.series(), strict=True):
+        (alone,) = store.read(Query("x", start=start, end=end, step=300, agg=agg,
+                                    target=key.target, match=dict(key.labels))).series()
+        assert alone == data
+        assert len(data.ts) == 8
