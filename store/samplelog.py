@@ -489,15 +489,32 @@ def select_samples(
     hi_ms: int,
 ) -> Columns:
     """The samples of log rows (``seqs[i]``, ``datas[i]``) in their chunks of the series
-    ``ids`` that overlap ``[lo_ms, hi_ms]`` (samples outside it are left in)."""
-    if not datas:
+    ``ids`` that overlap ``[lo_ms, hi_ms]`` (samples outside it are left in).
+
+    The rows are decoded :data:`READ_SLICE_WORDS` of their words at a time: a row holds every
+    series of its target and name, and its index (:class:`_Rows`) some 200 bytes a sample
+    while it is built, however few of them the read keeps (the alert rules' reads of a
+    1,000-target fleet's last minutes were a step of +15 MiB in the collector's RSS)."""
+    parts: list[Columns] = []
+    lo = words = 0
+    for i, data in enumerate(datas):
+        words += len(data) >> 3
+        if words >= READ_SLICE_WORDS or i == len(datas) - 1:
+            r = _Rows(seqs[lo : i + 1], datas[lo : i + 1])
+            starts = r.words[r.at]
+            ends = r.words[r.at + r.ns - 1]
+            keep = np.flatnonzero(np.isin(r.ids, ids) & (starts <= hi_ms) & (ends >= lo_ms))
+            parts.append(r.samples(keep))
+            lo, words = i + 1, 0
+    if not parts:
         empty = np.empty(0, np.int64)
         return empty, empty, np.empty(0, np.float64), empty
-    r = _Rows(seqs, datas)
-    starts = r.words[r.at]
-    ends = r.words[r.at + r.ns - 1]
-    keep = np.flatnonzero(np.isin(r.ids, ids) & (starts <= hi_ms) & (ends >= lo_ms))
-    return r.samples(keep)
+    return _joined(parts)
+
+
+#: Words (8 bytes) of log rows a read decodes at a time (:func:`select_samples`): a few MB of
+#: transient index, and few enough slices that their overhead does not show.
+READ_SLICE_WORDS = 1 << 16
 
 
 def count(conn: Connection) -> int:
@@ -766,8 +783,13 @@ def _decode(rows: Sequence[Any]) -> Columns:
             part = rows[lo : i + 1]
             parts.append(_Rows([r[0] for r in part], [bytes(r[2]) for r in part]).samples())
             lo, size = i + 1, 0
+    return _joined(parts)
+
+
+def _joined(parts: list[Columns]) -> Columns:
+    """``parts`` (emptied) joined column by column."""
     if len(parts) == 1:
-        return parts[0]
+        return parts.pop()
     # A column at a time, each column's parts dropped once joined: a sample is held twice
     # over one column's 8 bytes at most, not over all four.
     columns: list[list[Any]] = [list(col) for col in zip(*parts, strict=True)]

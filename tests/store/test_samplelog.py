@@ -81,6 +81,15 @@ def test_rows_per_name_give_back_their_samples_and_reads_filter_them(
     # ...and what ``read`` keeps of them: the picked series' chunks overlapping [lo, hi].
     picked = samplelog.select_samples(seqs, [r[5] for r in rows], wanted,
                                       lo_ms=lo_ms, hi_ms=hi_ms)
+    # Decoded a few rows at a time (as a read of many rows is): the same samples, in order.
+    whole_slice = samplelog.READ_SLICE_WORDS
+    samplelog.READ_SLICE_WORDS = 4
+    try:
+        sliced = samplelog.select_samples(seqs, [r[5] for r in rows], wanted,
+                                          lo_ms=lo_ms, hi_ms=hi_ms)
+    finally:
+        samplelog.READ_SLICE_WORDS = whole_slice
+    assert [c.tobytes() for c in sliced] == [c.tobytes() for c in picked]
     m = last_writes(*picked, lo_ms=lo_ms, hi_ms=hi_ms)
     keep = (ts >= lo_ms) & (ts <= hi_ms) & np.isin(ids, wanted)
     assert m.ids.tolist() == ids[keep].tolist() and m.ts.tolist() == ts[keep].tolist()
