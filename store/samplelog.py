@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import logging
 import struct
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from itertools import groupby, repeat
 from operator import itemgetter
@@ -496,16 +496,12 @@ def select_samples(
     while it is built, however few of them the read keeps (the alert rules' reads of a
     1,000-target fleet's last minutes were a step of +15 MiB in the collector's RSS)."""
     parts: list[Columns] = []
-    lo = words = 0
-    for i, data in enumerate(datas):
-        words += len(data) >> 3
-        if words >= READ_SLICE_WORDS or i == len(datas) - 1:
-            r = _Rows(seqs[lo : i + 1], datas[lo : i + 1])
-            starts = r.words[r.at]
-            ends = r.words[r.at + r.ns - 1]
-            keep = np.flatnonzero(np.isin(r.ids, ids) & (starts <= hi_ms) & (ends >= lo_ms))
-            parts.append(r.samples(keep))
-            lo, words = i + 1, 0
+    for lo, hi in _slices([len(data) >> 3 for data in datas], READ_SLICE_WORDS):
+        r = _Rows(seqs[lo:hi], datas[lo:hi])
+        starts = r.words[r.at]
+        ends = r.words[r.at + r.ns - 1]
+        keep = np.flatnonzero(np.isin(r.ids, ids) & (starts <= hi_ms) & (ends >= lo_ms))
+        parts.append(r.samples(keep))
     if not parts:
         empty = np.empty(0, np.int64)
         return empty, empty, np.empty(0, np.float64), empty
@@ -776,14 +772,21 @@ def _decode(rows: Sequence[Any]) -> Columns:
     collector's RSS from 320 to at least 383 MiB (``bench.fleet``, the peak watcher at
     ``-vv``)."""
     parts: list[Columns] = []
-    lo = size = 0
-    for i, (_, n, _) in enumerate(rows):
-        size += int(n)
-        if size >= TRANSPOSE_SAMPLES or i == len(rows) - 1:
-            part = rows[lo : i + 1]
-            parts.append(_Rows([r[0] for r in part], [bytes(r[2]) for r in part]).samples())
-            lo, size = i + 1, 0
+    for lo, hi in _slices([int(n) for _, n, _ in rows], TRANSPOSE_SAMPLES):
+        part = rows[lo:hi]
+        parts.append(_Rows([r[0] for r in part], [bytes(r[2]) for r in part]).samples())
     return _joined(parts)
+
+
+def _slices(sizes: Sequence[int], budget: int) -> Iterator[tuple[int, int]]:
+    """``[lo, hi)`` of consecutive items whose ``sizes`` add up to ``budget`` or just past it
+    (the last slice: whatever is left), in order."""
+    lo = total = 0
+    for i, size in enumerate(sizes):
+        total += size
+        if total >= budget or i == len(sizes) - 1:
+            yield lo, i + 1
+            lo, total = i + 1, 0
 
 
 def _joined(parts: list[Columns]) -> Columns:
