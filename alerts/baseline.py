@@ -253,7 +253,8 @@ class BaselineCache:
 
     def load_row(self, kind: str, key: GroupKey) -> npt.NDArray[np.float64] | None:
         """The instance's load over the window, summed bucket by bucket over its series (NaN:
-        no point); None without a load series or any load point of the instance."""
+        no point); None without a load series or any load point of the instance.  Not to be
+        changed: with one series it is that series' row of the history."""
         hist = self._load.get(kind)
         if hist is None:
             return None
@@ -266,6 +267,11 @@ class BaselineCache:
                 by_target[t].append(i)
         rows = [hist.values[i] for i in by_target.get(target, ())
                 if matches(hist.keys[i][1], want)]
+        if len(rows) == 1:
+            # The usual case (one version of the model), and the row itself, not a sum of
+            # one: load models keep what they were fitted on (``alerts.stats.LoadModel``),
+            # and a view of the history costs them nothing.
+            return None if np.isnan(rows[0]).all() else rows[0]
         return summed(rows)
 
     def has_load(self, kind: str, key: GroupKey) -> bool:

@@ -220,15 +220,18 @@ class LoadModel:
 
     A model is kept per instance for a quantum (``alerts.baseline.BaselineCache``), and only
     instances showing an effect ever need their residuals (``regression_verdict``).  So the
-    model keeps the fitted points (``ly``, ``lx``), not the three sorted residual arrays:
-    those were 5.5 of the 13.8 MB a regression rule set kept at 100 targets with full 4-hour
-    baselines (``bench.alerts_eval``'s data), 55 MB at 1,000.
+    model keeps the buckets it was fitted on as they were given (``y``, ``x``: rows of the
+    cache's histories, views that copy nothing) and recomputes the fitted points from them
+    when asked, the same way :func:`fit_load_model` computed them.  Keeping the fitted points
+    (two arrays per instance) was 41 MB of a 1,000-target collector's 4-hour baselines; the
+    three sorted residual arrays before them, 55 MB.
     """
 
     slopes: tuple[float, float, float]
     intercepts: tuple[float, float, float]
-    ly: npt.NDArray[np.float64]  # the fitted buckets' log series
-    lx: npt.NDArray[np.float64] | None  # and their log load (None: no load)
+    y: npt.NDArray[np.float64]  # the series' buckets, as fitted (not to be changed)
+    x: npt.NDArray[np.float64] | None  # and the load's (None: no load)
+    width: int  # buckets the load was smoothed over
     center: float  # median log load of the baseline (NaN: no load)
     level: float  # the baseline's median of the series
     floor: float  # values below it count as it in log space
@@ -238,13 +241,38 @@ class LoadModel:
     def has_load(self) -> bool:
         return not math.isnan(self.center)
 
+    @property
+    def ly(self) -> npt.NDArray[np.float64]:
+        """The fitted buckets' log series."""
+        return _points(self.y, self.x, self.width, self.floor)[0]
+
+    @property
+    def lx(self) -> npt.NDArray[np.float64] | None:
+        """The fitted buckets' log load (None: no load)."""
+        return _points(self.y, self.x, self.width, self.floor)[1]
+
     def residuals(self, k: int) -> npt.NDArray[np.float64]:
         """The baseline's residuals about slope ``k`` of ``(low, fit, high)`` and its
         intercept, sorted (empty where that slope is unbounded)."""
         b = self.slopes[k]
         if not math.isfinite(b):
             return np.empty(0)
-        return np.sort(_residuals(self.ly, self.lx, b) - self.intercepts[k])
+        ly, lx = _points(self.y, self.x, self.width, self.floor)
+        return np.sort(_residuals(ly, lx, b) - self.intercepts[k])
+
+
+def _points(y: npt.NDArray[np.float64], x: npt.NDArray[np.float64] | None, width: int,
+            floor: float) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64] | None]:
+    """The fitted points of buckets ``y`` against load ``x``: the log series and the log of
+    the smoothed load, at the buckets where both are known."""
+    ok = ~np.isnan(y)
+    lx: npt.NDArray[np.float64] | None = None
+    if x is not None:
+        xs = smooth(x, width)
+        ok &= ~np.isnan(xs)
+        lx = _log(xs[ok], max(float(np.nanmedian(xs)) * _LOG_FLOOR, 1e-12)
+                  if ok.any() else 1e-12)
+    return _log(y[ok], floor), lx
 
 
 def fit_load_model(
@@ -252,20 +280,15 @@ def fit_load_model(
 ) -> LoadModel | None:
     """The load model of one baseline: ``y`` the series' buckets, ``x`` the load's (the same
     slots; None: no load series, or no load data in the window).  None with fewer than
-    ``min_points`` usable buckets."""
+    ``min_points`` usable buckets.  The model keeps ``y`` and ``x``: neither may change
+    afterwards."""
     ok = ~np.isnan(y)
     level = float(np.median(y[ok])) if ok.any() else math.nan
     floor = max(abs(level) * _LOG_FLOOR, 1e-12) if math.isfinite(level) else 1e-12
     width = max(1, round(spec.recent_window / spec.step))
-    lx: npt.NDArray[np.float64] | None = None
-    if x is not None:
-        xs = smooth(x, width)
-        ok &= ~np.isnan(xs)
-        lx = _log(xs[ok], max(float(np.nanmedian(xs)) * _LOG_FLOOR, 1e-12)
-                  if ok.any() else 1e-12)
-    if int(ok.sum()) < spec.min_points:
+    ly, lx = _points(y, x, width, floor)
+    if len(ly) < spec.min_points:
         return None
-    ly = _log(y[ok], floor)
     if lx is None:
         slopes = (0.0, 0.0, 0.0)
         center = math.nan
@@ -280,8 +303,8 @@ def fit_load_model(
         slopes = (low, fit, high)
     intercepts = [float(np.median(_residuals(ly, lx, b))) if math.isfinite(b) else math.nan
                   for b in slopes]
-    return LoadModel(slopes, (intercepts[0], intercepts[1], intercepts[2]), ly, lx,
-                     center, level, floor, int(ok.sum()))
+    return LoadModel(slopes, (intercepts[0], intercepts[1], intercepts[2]), y, x, width,
+                     center, level, floor, len(ly))
 
 
 def _residuals(ly: npt.NDArray[np.float64], lx: npt.NDArray[np.float64] | None, b: float

@@ -53,6 +53,7 @@ from typing import Any
 import numpy as np
 
 from bench.common import proc_stat, process_tree_cpu
+from bench.memory_state import deep_size
 from tests.payloads import Template
 from tritonwatch.alerts.engine import Engine
 from tritonwatch.alerts.jobs import AlertJob
@@ -229,8 +230,19 @@ def _digest(engine: Engine, h: Any) -> None:
         h.update(f"{s.fingerprint} {s.status} {s.value!r}\n".encode())
 
 
+def _state_sizes(engine: Engine, store: Store) -> list[tuple[str, int]]:
+    """Bytes each rule keeps between evaluations (caches, histories, per-group state), and the
+    engine's alert states, each object counted once, for the first holder that reaches it (the
+    store first: rules hold it, and it is not theirs)."""
+    seen: set[int] = set()
+    sizes = [("(store)", deep_size([store], seen))]
+    sizes += [(r.name, deep_size([getattr(r, "rule", r)], seen)) for r in engine.rules]
+    sizes.append(("(alert states)", deep_size([engine.states()], seen)))
+    return sizes
+
+
 def run(name: str, targets: int, hours: float, evals: int,
-        profile: cProfile.Profile | None) -> None:
+        profile: cProfile.Profile | None, show_sizes: bool = False) -> None:
     with backend(name) as (url, pg_pid):
         def db_cpu() -> float:
             return process_tree_cpu(pg_pid) if pg_pid else 0.0
@@ -289,6 +301,7 @@ def run(name: str, targets: int, hours: float, evals: int,
             db.append(d)
         rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         states = engine.states()
+        sizes = _state_sizes(engine, store) if show_sizes else []
         store.close()
         if watcher is not None:
             watcher.close()
@@ -315,6 +328,10 @@ def run(name: str, targets: int, hours: float, evals: int,
     print("  per rule (process CPU, mean per evaluation):")
     for rule, s in sorted(spent.items(), key=lambda kv: -kv[1]):
         print(f"    {rule:32} {s / evals * 1e3:8.1f} ms")
+    if sizes:
+        print(f"  state kept between evaluations, {sum(b for _, b in sizes) / 2**20:.1f} MiB:")
+        for rule, b in sorted(sizes, key=lambda kv: -kv[1]):
+            print(f"    {rule:32} {b / 2**20:8.1f} MiB")
 
 
 def main() -> None:
@@ -325,11 +342,13 @@ def main() -> None:
     parser.add_argument("--hours", type=float, default=4.0)
     parser.add_argument("--evals", type=int, default=20)
     parser.add_argument("--profile", help="write a cProfile of the timed evaluations here")
+    parser.add_argument("--sizes", action="store_true",
+                        help="also print the bytes each rule keeps between evaluations")
     args = parser.parse_args()
     profile = cProfile.Profile() if args.profile else None
     print(f"load average {os.getloadavg()[0]:.2f}, {os.cpu_count()} CPUs")
     for name in ("sqlite", "postgres") if args.backend == "both" else (args.backend,):
-        run(name, args.targets, args.hours, args.evals, profile)
+        run(name, args.targets, args.hours, args.evals, profile, args.sizes)
     if profile is not None:
         profile.dump_stats(args.profile)
 

@@ -30,6 +30,7 @@ import tempfile
 import threading
 import time
 import tracemalloc
+import types
 from collections.abc import Iterable
 from typing import Any
 
@@ -59,13 +60,20 @@ def deep_size(roots: Iterable[Any], seen: set[int]) -> int:
     stack = list(roots)
     while stack:
         obj = stack.pop()
-        if id(obj) in seen or isinstance(obj, type) or (callable(obj) and not hasattr(
+        # Modules are the program's, not a structure's: through a driver's ``dbapi`` module a
+        # store would reach every module's globals, and the whole process with them.
+        if id(obj) in seen or isinstance(obj, (type, types.ModuleType)) or (
+                callable(obj) and not hasattr(
             obj, "__dict__"
         )):
             continue
         seen.add(id(obj))
         if isinstance(obj, np.ndarray):
-            total += sys.getsizeof(obj) + (obj.nbytes if obj.base is not None else 0)
+            # An array owning its data counts it in its size; a view counts its base (once:
+            # the rows of one 2-D array are not its bytes as many times over).
+            total += sys.getsizeof(obj)
+            if obj.base is not None:
+                stack.append(obj.base)
             continue
         total += sys.getsizeof(obj)
         if isinstance(obj, (str, bytes, *_ATOMIC)):
