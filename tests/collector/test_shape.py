@@ -153,6 +153,29 @@ def test_a_changed_structure_is_parsed_in_full(mutate):
     assert got is not shape
 
 
+def test_a_token_moved_to_another_line_is_not_the_same_structure():
+    # Without the marks where each token was, these two payloads' text between tokens joins
+    # to the same "x\ny\n", with two tokens each: the second would read as x 1 and y 2.
+    shape = settled("x 1\ny 2\n")
+    for moved in ("x 1\ny\n 2", "x\ny 1\n 2", "x 1\ny\n 2\n"):
+        got = assert_columns_match(moved, shape)
+        assert got is not shape
+
+
+def test_a_payload_holding_the_mark_takes_another_or_the_full_parse():
+    # A HELP text may hold any control character: the shape marks tokens with one its
+    # payload lacks, and a payload holding that one is parsed in full (float() refuses it).
+    with_nul = "# HELP x a \x00 b\n# TYPE x gauge\nx 1\n"
+    shape = settled(with_nul)
+    assert shape.steady
+    assert_columns_match(with_nul.replace("x 1", "x 2"), shape)
+    assert shape._matcher is not None
+    mark = shape._matcher.mark
+    assert mark != "\x00"
+    odd = with_nul.replace("x 1", f"x 2{mark}")
+    got = assert_columns_match(odd, shape)
+    assert got is not shape
+
 def test_down_to_the_reference_and_back():
     # A payload the fast path declines has no shortcut; the next regular one gets one again.
     regular = triton_payload(models=1, gpus=1)
