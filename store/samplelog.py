@@ -97,6 +97,9 @@ log = logging.getLogger(__name__)
 #: one larger target or name goes alone): about 200 bytes of transient memory each (measured
 #: at 1,000 targets: 1 << 18 of them raised the collector's peak RSS by 50 MB).
 TRANSPOSE_SAMPLES = 1 << 16
+#: Samples' worth of log rows the move decodes at a time: the rows' index is the 200 bytes a
+#: sample, and the decoded samples (32 bytes each) are what is kept of them.
+DECODE_SAMPLES = 1 << 14
 #: A target holding more than this many times :data:`TRANSPOSE_SAMPLES` is moved a few names
 #: at a time; a smaller one whole.  Moved whole, the NVML host's target (which holds the GPU
 #: series joined across a fleet: 6.8 M samples an hour at 1,000 targets) took the collector
@@ -756,26 +759,49 @@ def _move(conn: Connection, seqs: Any, cutoff: int, group: _Group, *, redo: bool
     ).order_by(c.seq))
     if not rows:
         return 0
-    sids, ts, values, row_seqs = _decode(rows)
-    for sel in _series_batches(sids):
-        _write_chunks(conn, sids[sel], ts[sel], values[sel], row_seqs[sel], redo=redo)
-    return len(sids)
+    row_seqs = [r[0] for r in rows]
+    datas = [bytes(r[2]) for r in rows]
+    sizes = [int(r[1]) for r in rows]
+    slices = list(_slices(sizes, DECODE_SAMPLES))
+    del rows
+    # Most groups (a target's names, a large target's name) fit in one batch: decoded once.
+    ranges = (_series_ranges(row_seqs, datas, slices) if sum(sizes) > TRANSPOSE_SAMPLES
+              else [None])
+    moved = 0
+    for ids in ranges:
+        # In seq order (the rows', slice after slice), as _write_chunks wants them.
+        sids, ts, values, sample_seqs = _joined([
+            r.samples(None if ids is None else np.flatnonzero((r.ids >= ids[0])
+                                                             & (r.ids <= ids[1])))
+            for r in (_Rows(row_seqs[lo:hi], datas[lo:hi]) for lo, hi in slices)])
+        _write_chunks(conn, sids, ts, values, sample_seqs, redo=redo)
+        moved += len(sids)
+    return moved
 
 
-def _decode(rows: Sequence[Any]) -> Columns:
-    """``(ids, ts, values, seqs)`` of ``rows`` (``(seq, n, data)`` in seq order), decoded
-    :data:`TRANSPOSE_SAMPLES` samples' worth of rows at a time.
+def _series_ranges(seqs: list[int], datas: list[bytes], slices: list[tuple[int, int]]
+                   ) -> list[tuple[int, int]]:
+    """Ranges ``[lo, hi]`` of the series ids of the rows, in order, each holding about
+    :data:`TRANSPOSE_SAMPLES` of their samples (a series whole in one, however large),
+    together all of them: what one decode, sort and encoding of the move holds at once.
 
-    A row's index (:class:`_Rows`) costs some 200 bytes a sample while it is built; the
-    samples themselves 32.  Decoded whole, one name of the NVML host's target (a GPU series
-    of every target of a fleet: 385,000 samples in 34 minutes at 1,000 targets) raised the
-    collector's RSS from 320 to at least 383 MiB (``bench.fleet``, the peak watcher at
-    ``-vv``)."""
-    parts: list[Columns] = []
-    for lo, hi in _slices([int(n) for _, n, _ in rows], TRANSPOSE_SAMPLES):
-        part = rows[lo:hi]
-        parts.append(_Rows([r[0] for r in part], [bytes(r[2]) for r in part]).samples())
-    return _joined(parts)
+    A group of more samples is decoded once per range, each time keeping that range's series
+    only.  Decoded whole (32 bytes a sample, kept until the last range was written), one name
+    of the NVML host's target (a GPU series of every target of a fleet: 480,000 samples an
+    hour at 1,000 targets) peaked at 28.6 MiB traced (``bench.move``); a range at a time, at
+    a third of that, for one more decode of the rows' index per range."""
+    ids_parts, ns_parts = [], []
+    for lo, hi in slices:
+        r = _Rows(seqs[lo:hi], datas[lo:hi])
+        ids, inverse = np.unique(r.ids, return_inverse=True)
+        ids_parts.append(ids)
+        ns_parts.append(np.bincount(inverse, weights=r.ns, minlength=len(ids)))
+    ids, inverse = np.unique(np.concatenate(ids_parts), return_inverse=True)
+    counts = np.bincount(inverse, weights=np.concatenate(ns_parts), minlength=len(ids))
+    batch = ((np.cumsum(counts) - counts) // TRANSPOSE_SAMPLES).astype(np.int64)
+    starts, ends = run_bounds(batch)
+    return [(int(ids[a]), int(ids[b - 1]))
+            for a, b in zip(starts.tolist(), ends.tolist(), strict=True)]
 
 
 def _slices(sizes: Sequence[int], budget: int) -> Iterator[tuple[int, int]]:
@@ -802,21 +828,6 @@ def _joined(parts: list[Columns]) -> Columns:
         joined.append(np.concatenate(col))
         col.clear()
     return joined[0], joined[1], joined[2], joined[3]
-
-
-def _series_batches(sids: npt.NDArray[np.int64]) -> list[slice | npt.NDArray[np.intp]]:
-    """Selections of ``sids``' positions, in their order, each the samples of a range of
-    series ids of about :data:`TRANSPOSE_SAMPLES` (a series whole in one, however large),
-    together all of them: what one sort and encoding holds at once."""
-    if len(sids) <= TRANSPOSE_SAMPLES:
-        return [slice(None)]
-    ids, counts = np.unique(sids, return_counts=True)
-    batch = (np.cumsum(counts) - counts) // TRANSPOSE_SAMPLES
-    starts, ends = run_bounds(batch)
-    if len(starts) == 1:  # one series larger than a batch: no copy of the columns
-        return [slice(None)]
-    return [np.flatnonzero((sids >= ids[a]) & (sids <= ids[b - 1]))
-            for a, b in zip(starts.tolist(), ends.tolist(), strict=True)]
 
 
 def _write_chunks(conn: Connection, sids: npt.NDArray[np.int64], ts: npt.NDArray[np.int64],

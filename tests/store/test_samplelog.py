@@ -783,8 +783,8 @@ def test_a_name_larger_than_a_move_transaction_is_moved_a_batch_of_series_at_a_t
 ) -> None:
     # One name of the NVML host's target holds a GPU series of every target of a fleet
     # (hundreds of thousands of samples an hour); decoded and sorted whole it was the
-    # collector's peak RSS every hour.  Its rows are decoded a few at a time and its chunks
-    # built a range of series at a time: the chunks written must be byte for byte those of a
+    # collector's peak RSS every hour.  Its rows are decoded a few at a time, once per range
+    # of series, keeping that range's: the chunks written must be byte for byte those of a
     # move done whole, last writes, infinities, a series seen in some flushes only and one
     # larger than a batch (budget 3) included; and moving them again after a crash (``redo``)
     # replaces them.
@@ -818,6 +818,8 @@ def test_a_name_larger_than_a_move_transaction_is_moved_a_batch_of_series_at_a_t
 
         monkeypatch.setattr(samplelog, "_write_chunks", counting)
         monkeypatch.setattr(samplelog, "TRANSPOSE_SAMPLES", budget)
+        # Rows decoded a few at a time too, each range of series from every slice of rows.
+        monkeypatch.setattr(samplelog, "DECODE_SAMPLES", 2 * budget)
         assert _move(batched) == 55
         # 55 samples of 10 series (at most 7 samples each) in batches of whole series.
         assert len(batches) >= 55 // max(budget, 7) and sum(batches) == 10, batches
