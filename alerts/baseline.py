@@ -34,7 +34,7 @@ import numpy.typing as npt
 
 from tritonwatch.alerts.grouping import GroupKey, load_match, load_names, matches, summed
 from tritonwatch.alerts.history import BucketHistory, RecentBuckets, ceil_to, floor_to, quantum_for
-from tritonwatch.alerts.stats import LoadModel, fit_load_model
+from tritonwatch.alerts.stats import Buckets, LoadModel, fit_load_model
 from tritonwatch.schemas.regressions import RegressionSpec
 from tritonwatch.store import Query
 
@@ -251,7 +251,7 @@ class BaselineCache:
         if self.fallback is not None:
             self.fallback.refresh(store, kind, window)
 
-    def load_row(self, kind: str, key: GroupKey) -> npt.NDArray[np.float64] | None:
+    def load_row(self, kind: str, key: GroupKey) -> Buckets | None:
         """The instance's load over the window, summed bucket by bucket over its series (NaN:
         no point); None without a load series or any load point of the instance.  Not to be
         changed: with one series it is that series' row of the history."""
@@ -272,7 +272,7 @@ class BaselineCache:
             # one: load models keep what they were fitted on (``alerts.stats.LoadModel``),
             # and a view of the history costs them nothing.
             return None if np.isnan(rows[0]).all() else rows[0]
-        return summed(rows)
+        return summed([r.astype(np.float64) for r in rows])
 
     def has_load(self, kind: str, key: GroupKey) -> bool:
         """Whether the instance has load data in ``kind``'s window."""

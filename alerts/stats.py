@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -155,6 +155,8 @@ def relative_change(current: float, baseline: float) -> float:
 #: Confidence of the interval of the load response (the Theil-Sen slope): within it the
 #: detector takes the slope least favourable to a verdict.
 SLOPE_CONFIDENCE_Z = 2.576  # 99 %, two-sided
+#: Buckets as a load model is given them: float64, or a history's float32 rows.
+Buckets = npt.NDArray[np.floating[Any]]
 _LOG_FLOOR = 1e-3  # of the baseline median: a zero (idle) bucket counts as this in log space
 _SAME_LOAD = 0.02  # |log load change| under which the slope does not matter
 
@@ -229,8 +231,8 @@ class LoadModel:
 
     slopes: tuple[float, float, float]
     intercepts: tuple[float, float, float]
-    y: npt.NDArray[np.float64]  # the series' buckets, as fitted (not to be changed)
-    x: npt.NDArray[np.float64] | None  # and the load's (None: no load)
+    y: Buckets  # the series' buckets, as fitted (not to be changed)
+    x: Buckets | None  # and the load's (None: no load)
     width: int  # buckets the load was smoothed over
     center: float  # median log load of the baseline (NaN: no load)
     level: float  # the baseline's median of the series
@@ -261,29 +263,28 @@ class LoadModel:
         return np.sort(_residuals(ly, lx, b) - self.intercepts[k])
 
 
-def _points(y: npt.NDArray[np.float64], x: npt.NDArray[np.float64] | None, width: int,
-            floor: float) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64] | None]:
+def _points(y: Buckets, x: Buckets | None, width: int, floor: float
+            ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64] | None]:
     """The fitted points of buckets ``y`` against load ``x``: the log series and the log of
     the smoothed load, at the buckets where both are known."""
-    ok = ~np.isnan(y)
+    y64 = np.asarray(y, np.float64)  # a history's row is float32 (``alerts.history.STORED``)
+    ok = ~np.isnan(y64)
     lx: npt.NDArray[np.float64] | None = None
     if x is not None:
-        xs = smooth(x, width)
+        xs = smooth(np.asarray(x, np.float64), width)
         ok &= ~np.isnan(xs)
         lx = _log(xs[ok], max(float(np.nanmedian(xs)) * _LOG_FLOOR, 1e-12)
                   if ok.any() else 1e-12)
-    return _log(y[ok], floor), lx
+    return _log(y64[ok], floor), lx
 
 
-def fit_load_model(
-    y: npt.NDArray[np.float64], x: npt.NDArray[np.float64] | None, spec: RegressionSpec,
-) -> LoadModel | None:
+def fit_load_model(y: Buckets, x: Buckets | None, spec: RegressionSpec) -> LoadModel | None:
     """The load model of one baseline: ``y`` the series' buckets, ``x`` the load's (the same
     slots; None: no load series, or no load data in the window).  None with fewer than
     ``min_points`` usable buckets.  The model keeps ``y`` and ``x``: neither may change
-    afterwards."""
+    afterwards.  Either may be float32 (a history's row); everything is computed in float64."""
     ok = ~np.isnan(y)
-    level = float(np.median(y[ok])) if ok.any() else math.nan
+    level = float(np.median(np.asarray(y[ok], np.float64))) if ok.any() else math.nan
     floor = max(abs(level) * _LOG_FLOOR, 1e-12) if math.isfinite(level) else 1e-12
     width = max(1, round(spec.recent_window / spec.step))
     ly, lx = _points(y, x, width, floor)

@@ -30,7 +30,10 @@ its children from /proc (``bench.common.process_tree_cpu``), idle around the eva
 Prints the median, min and max per evaluation and a per-rule breakdown (process CPU of each
 rule's ``evaluate``, summed over the timed evaluations) and the alerts' answers' digest
 (fingerprints and values of every evaluation: equal before and after a change of the read
-path means the answers did not change, for this data).
+path means the answers did not change, for this data) and the verdicts' digest (fingerprints
+and states only: equal across a change that moves values in their last digits, such as the
+histories' float32 buckets, means every alert was pending, firing and resolved alike).
+``--sizes`` also prints the bytes each rule keeps between evaluations.
 """
 
 from __future__ import annotations
@@ -225,9 +228,10 @@ class TimedRule:
             self.spent[self.rule.name] += time.process_time() - c0
 
 
-def _digest(engine: Engine, h: Any) -> None:
+def _digest(engine: Engine, h: Any, verdicts: Any) -> None:
     for s in engine.states():
         h.update(f"{s.fingerprint} {s.status} {s.value!r}\n".encode())
+        verdicts.update(f"{s.fingerprint} {s.status}\n".encode())
 
 
 def _state_sizes(engine: Engine, store: Store) -> list[tuple[str, int]]:
@@ -272,7 +276,7 @@ def run(name: str, targets: int, hours: float, evals: int,
         engine = job.engine
         engine.rules = [TimedRule(r, spent) for r in engine.rules]
         rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        digest = hashlib.sha256()
+        digest, verdicts = hashlib.sha256(), hashlib.sha256()
 
         served: list[float] = []
 
@@ -282,7 +286,7 @@ def run(name: str, targets: int, hours: float, evals: int,
             job.evaluate()
             c1, d1 = time.process_time(), db_cpu()
             served.append(backends_cpu() - b0)
-            _digest(engine, digest)
+            _digest(engine, digest, verdicts)
             return c1 - c0, d1 - d0
 
         cold = one()
@@ -308,7 +312,8 @@ def run(name: str, targets: int, hours: float, evals: int,
     total = [c + d for c, d in zip(cpu, db, strict=True)]
     print(f"{name}: {targets} targets, {hours:g} h filled in {fill_wall:.0f} s "
           f"({fill_cpu:.0f} CPU s); {len(states)} alert state(s) at the end; "
-          f"answers digest {digest.hexdigest()[:16]}")
+          f"answers digest {digest.hexdigest()[:16]}, verdicts digest "
+          f"{verdicts.hexdigest()[:16]}")
     print(f"  cold evaluation: {cold[0] * 1e3:.0f} ms process CPU"
           + (f" + {cold[1] * 1e3:.0f} ms PostgreSQL" if pg_pid else ""))
     print(f"  per evaluation ({evals}, 30 s apart): process CPU median "

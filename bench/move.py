@@ -21,6 +21,7 @@ from contextlib import nullcontext
 import numpy as np
 
 from tests.store_sql import raw_engine
+from tritonwatch.schemas.samples import Labels
 from tritonwatch.store import open_store, samplelog
 
 T0 = 1_700_000_000.0
@@ -31,8 +32,8 @@ def main() -> None:
     parser.add_argument("--series", type=int, default=2000)
     parser.add_argument("--flushes", type=int, default=240)
     args = parser.parse_args()
-    labels = [(("gpu_uuid", f"GPU-{g:05d}"), ("hostname", f"triton-{g // 2}"))
-              for g in range(args.series)]
+    labels: list[Labels] = [(("gpu_uuid", f"GPU-{g:05d}"), ("hostname", f"triton-{g // 2}"))
+                            for g in range(args.series)]
     names = ["nv_gpu_utilization"] * args.series
     rng = np.random.default_rng(1)
     with tempfile.TemporaryDirectory(prefix="tw-move-") as tmp:
