@@ -252,8 +252,9 @@ def test_regression_verdict_is_judge_then_is_regression() -> None:
 
 
 def test_a_load_model_keeps_its_fitted_points_and_gives_each_slopes_residuals_sorted() -> None:
-    # Models are kept per instance for a quantum: they hold the fitted log points, not three
-    # sorted residual arrays, and build a slope's residuals when a comparison needs them.
+    # Models are kept per instance for a quantum: they hold the buckets they were given (no
+    # copy: rows of the cache's histories), not the fitted points nor three sorted residual
+    # arrays, and build a slope's residuals when a comparison needs them.
     rng = np.random.default_rng(11)
     spec = RegressionSpec.model_validate({"name": "r", "series": "s", "direction": "down",
                                           "min_baseline": 0.01, "elasticity": [0.0, 1.0]})
@@ -269,6 +270,18 @@ def test_a_load_model_keeps_its_fitted_points_and_gives_each_slopes_residuals_so
         assert (model.lx is not None) == with_load
         arrays = [v for v in vars(model).values() if isinstance(v, np.ndarray)]
         assert len(arrays) == (2 if with_load else 1)
+        assert model.y is y and model.x is (x if with_load else None)
+        # A history keeps float32 buckets (alerts.history.STORED): fitted on such a row, a
+        # model is the one fitted on its float64 copy, number for number.
+        y32, x32 = y.astype(np.float32), x.astype(np.float32)
+        m32 = fit_load_model(y32, x32 if with_load else None, spec)
+        m64 = fit_load_model(y32.astype(np.float64),
+                             x32.astype(np.float64) if with_load else None, spec)
+        assert m32 is not None and m64 is not None
+        assert (m32.slopes, m32.intercepts, m32.n) == (m64.slopes, m64.intercepts, m64.n)
+        assert m32.ly.dtype == np.float64 and m32.ly.tobytes() == m64.ly.tobytes()
+        for k in range(3):
+            assert m32.residuals(k).tobytes() == m64.residuals(k).tobytes()
         for k, b in enumerate(model.slopes):
             r = model.residuals(k)
             lx = model.lx if model.lx is not None else 0.0

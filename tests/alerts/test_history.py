@@ -128,6 +128,12 @@ def test_sliding_reads_each_slice_once_and_equals_a_whole_read(store: Store) -> 
     for key, arr in whole.data.items():
         np.testing.assert_array_equal(hist.data[key], arr)
     assert hist.timestamps()[0] == lo + 1500 and len(hist.timestamps()) == 60
+    # Kept as float32 (half the bytes), whichever way they were read: the buckets' float64
+    # means rounded once.
+    assert hist.values.dtype == whole.values.dtype == np.float32
+    grid = whole._read(store, lo + 1500, lo + 5100)[1]
+    assert grid.dtype == np.float64
+    np.testing.assert_array_equal(whole.values, grid.astype(np.float32))
 
 
 def test_vanished_groups_are_dropped_and_time_going_back_reads_whole(store: Store) -> None:
