@@ -43,6 +43,8 @@ _G = TypeVar("_G", F64, F32)
 #: statistic (``alerts.stats``).  At 1,000 targets of 7 models, the histories of the built-in
 #: rules' 4-hour windows of 1-minute buckets were 37 MB as float64.
 STORED = np.float32
+#: A history reads its window this much at a time (:meth:`BucketHistory._read`).
+READ_SLICE_S = 3600.0
 GroupKey = tuple[str, Labels]  # target, by-labels
 
 #: Long windows move in steps of (at least) this: rollups are 5-minute buckets, and a baseline
@@ -158,8 +160,8 @@ class BucketHistory:
     windows) reads only the new slice.  The buckets are one 2-D array (a row per group, a
     column per slot): at 1,000 targets of 7 models a 4-hour window of 1-minute buckets is
     7,000 rows of 240 floats, and an array per group added a tenth to that in headers and
-    scattered the rest over the heap.  ``reads`` counts store queries (tests, and debugging
-    a cost regression).
+    scattered the rest over the heap.  ``reads`` counts the ranges read (tests, and debugging
+    a cost regression; each is read from the store :data:`READ_SLICE_S` at a time).
     """
 
     def __init__(
@@ -201,16 +203,34 @@ class BucketHistory:
     def _slots(self, a: float, b: float) -> int:
         return max(0, round((b - a) / self.step))
 
-    def _read(self, store: Store, a: float, b: float) -> tuple[list[GroupKey], F64]:
+    def _read(self, store: Store, a: float, b: float) -> tuple[list[GroupKey], Grid]:
+        """The groups and their buckets of ``[a, b)``, read :data:`READ_SLICE_S` at a time."""
         n = self._slots(a, b)
         if n == 0:
             return [], np.empty((0, 0))
         self.reads += 1
-        # ``end`` is inclusive: stop 1 ms short so the bucket starting at ``b`` is not read
-        # half-empty (it belongs to the next slice).
-        data = read_columns(store, self.names, start=a, end=b - 0.001, step=self.step,
-                            match=self.match)
-        return group_grid(data, self.by, lo=a, n=n, step=self.step, how=self.how)
+        # A window whole was the peak of a restart: 4 hours of 1-minute buckets of every
+        # instance held as the store's columns (a timestamp and a value per bucket, and
+        # the partials they were merged from), then as a grid.  A slice at a time, joined
+        # as the kept float32, holds one slice's columns beside the grid (bench.alerts_eval
+        # at 300 targets: the load history's cold read peaked at 124 MiB traced whole).
+        per = max(1, round(READ_SLICE_S / self.step))
+        keys: list[GroupKey] = []
+        grid: Grid = np.empty((0, 0), STORED)
+        for first in range(0, n, per):
+            lo = a + first * self.step
+            m = min(per, n - first)
+            # ``end`` is inclusive: stop 1 ms short so the bucket starting at the slice's end
+            # is not read half-empty (it belongs to the next slice).
+            data = read_columns(store, self.names, start=lo, end=lo + m * self.step - 0.001,
+                                step=self.step, match=self.match)
+            part = group_grid(data, self.by, lo=lo, n=m, step=self.step, how=self.how)
+            del data
+            if first == 0 and m == n:
+                return part
+            keys, grid = join_columns(keys, {k: i for i, k in enumerate(keys)}, grid, *part,
+                                      dtype=STORED)
+        return keys, grid
 
     def _hold(self, keys: list[GroupKey], values: Grid) -> None:
         self.generation += 1

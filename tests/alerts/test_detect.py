@@ -267,11 +267,14 @@ def test_rule_reads_the_baseline_once_per_five_minutes(store: Store) -> None:
     for i in range(10):  # 5 minutes of evaluations within one quantum
         rule.evaluate(counting.as_store(), NOW + i * 30.0)
     old = [c for c in counting.calls if c[3] < NOW - SPEC.recent_window]
-    assert [(name, start) for _, name, start, _ in old] == [
-        ("sli:batch_fill_rate", NOW - SPEC.recent_window - SPEC.baseline_window),
-        ("sli:request_rate", NOW - SPEC.recent_window - SPEC.baseline_window),
-        ("sli:failure_rate", NOW - SPEC.recent_window - SPEC.baseline_window),
-    ]  # read once, not on each of the 10 evaluations (load: successes and failures)
+    # Read once, not on each of the 10 evaluations (load: successes and failures), an hour
+    # at a time (alerts.history.READ_SLICE_S): the hours tile the window.
+    start = NOW - SPEC.recent_window - SPEC.baseline_window
+    hours = [(start + h * 3600, start + (h + 1) * 3600 - 0.001)
+             for h in range(round(SPEC.baseline_window / 3600))]
+    assert [(name, a, b) for _, name, a, b in old] == (
+        [("sli:batch_fill_rate", a, b) for a, b in hours]
+        + [(name, a, b) for a, b in hours for name in ("sli:request_rate", "sli:failure_rate")])
     assert rule.cache.reads == 2
     counting.calls.clear()
     for i in range(10, 20):  # the next quantum: only its new 5 minutes are read
@@ -299,10 +302,11 @@ def test_rules_of_one_file_share_the_load_history_and_decide_as_alone(store: Sto
     a, b = (r.cache for r in shared if isinstance(r, RegressionRule))
     assert a._load["trailing"] is b._load["trailing"]
     assert alone[0].cache._load["trailing"] is not alone[1].cache._load["trailing"]
-    # The load was read once for both rules: the first read, then one slice at NOW + 300.
+    # The load was read once for both rules: the first read (an hour at a time), then one
+    # slice at NOW + 300.
     loads = [c for c in counting.calls
              if c[1] == "sli:request_rate" and c[3] < NOW - SPEC.recent_window]
-    assert len(loads) == 1
+    assert len(loads) == len(set(loads)) == round(SPEC.baseline_window / 3600)
 
 
 def test_shared_load_history_keeps_each_targets_load_apart_across_quanta(store: Store) -> None:

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tritonwatch.alerts import history
 from tritonwatch.alerts.history import BucketHistory, group_grid, quantum_for
 from tritonwatch.schemas.samples import Sample, make_labels
 from tritonwatch.store import Query, SeriesColumns, SeriesData, Store
@@ -134,6 +135,30 @@ def test_sliding_reads_each_slice_once_and_equals_a_whole_read(store: Store) -> 
     grid = whole._read(store, lo + 1500, lo + 5100)[1]
     assert grid.dtype == np.float64
     np.testing.assert_array_equal(whole.values, grid.astype(np.float32))
+
+
+@pytest.mark.parametrize("slice_s", [60.0, 420.0, 3600.0])
+def test_a_window_read_a_slice_at_a_time_equals_it_read_whole(
+    store: Store, monkeypatch: pytest.MonkeyPatch, slice_s: float
+) -> None:
+    # A restart's cold read of a 4-hour window is read an hour at a time (the store's
+    # columns of a whole window were its peak): the same groups, in the same order, the
+    # same buckets, a group gone after the first half hour and one only in the last included.
+    fill(store, T0, T0 + 3 * 3600, gone_after=T0 + 1800)
+    store.write("t1", T0 + 2.5 * 3600, [Sample("x", make_labels({"model": "c"}), 5.0)])
+    store.flush()
+    lo, hi = T0 + 600.0, T0 + 3 * 3600.0 - 300.0
+    monkeypatch.setattr(history, "READ_SLICE_S", 1e9)
+    whole = BucketHistory("x", step=60.0, by=("model",))
+    keys, grid = whole._read(store, lo, hi)
+    assert grid.dtype == np.float64 and len(keys) == 3
+    monkeypatch.setattr(history, "READ_SLICE_S", slice_s)
+    counting = CountingStore(store)
+    sliced = BucketHistory("x", step=60.0, by=("model",))
+    got_keys, got = sliced._read(counting.as_store(), lo, hi)
+    assert len(counting.calls) == math.ceil((hi - lo) / slice_s) and sliced.reads == 1
+    assert got_keys == keys
+    np.testing.assert_array_equal(got, grid.astype(got.dtype))
 
 
 def test_vanished_groups_are_dropped_and_time_going_back_reads_whole(store: Store) -> None:
