@@ -235,7 +235,7 @@ def detect(
             if not judged:
                 continue
             if c is not None:  # a regression
-                base = HeldBaseline(kind, window, model, event, fallback)
+                base = HeldBaseline(kind, window, model.detached(), event, fallback)
                 findings.append(ev.finding(key, base, c, use_load))
             break
     return findings

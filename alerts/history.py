@@ -43,6 +43,14 @@ _G = TypeVar("_G", F64, F32)
 #: statistic (``alerts.stats``).  At 1,000 targets of 7 models, the histories of the built-in
 #: rules' 4-hour windows of 1-minute buckets were 37 MB as float64.
 STORED = np.float32
+_STORED_MAX = float(np.finfo(STORED).max)
+
+
+def _fits(grid: Grid) -> bool:
+    """Whether every value of ``grid`` is within :data:`STORED`'s range (a broken exporter's
+    1e300 would become an infinity there)."""
+    return not grid.size or float(np.fmax.reduce(np.abs(grid), axis=None, initial=0.0)) <= (
+        _STORED_MAX)
 #: A history reads its window this much at a time (:meth:`BucketHistory._read`).
 READ_SLICE_S = 3600.0
 GroupKey = tuple[str, Labels]  # target, by-labels
@@ -183,19 +191,21 @@ class BucketHistory:
         self.hi: float | None = None
         self.keys: list[GroupKey] = []
         self.rows: dict[GroupKey, int] = {}
-        #: A row per group of :attr:`keys`, a column per slot, as :data:`STORED`.
-        self.values: F32 = np.empty((0, 0), STORED)
+        #: A row per group of :attr:`keys`, a column per slot, as :data:`STORED`; as float64
+        #: from the first value read outside its range on.
+        self.values: Grid = np.empty((0, 0), STORED)
+        self._dtype: type[np.floating[Any]] = STORED
         self.reads = 0
         #: Changes whenever :attr:`keys` and :attr:`values` do: what caches of row numbers
         #: and row statistics (``alerts.baseline.BaselineCache``) check before they are used.
         self.generation = 0
 
     @property
-    def data(self) -> dict[GroupKey, F32]:
+    def data(self) -> dict[GroupKey, Grid]:
         """Each group's row (views into :attr:`values`)."""
         return dict(zip(self.keys, self.values, strict=True))
 
-    def row(self, key: GroupKey) -> F32 | None:
+    def row(self, key: GroupKey) -> Grid | None:
         """The group's row (a view into :attr:`values`), or None."""
         i = self.rows.get(key)
         return None if i is None else self.values[i]
@@ -216,7 +226,7 @@ class BucketHistory:
         # at 300 targets: the load history's cold read peaked at 124 MiB traced whole).
         per = max(1, round(READ_SLICE_S / self.step))
         keys: list[GroupKey] = []
-        grid: Grid = np.empty((0, 0), STORED)
+        grid: Grid = np.empty((0, 0), self._dtype)
         for first in range(0, n, per):
             lo = a + first * self.step
             m = min(per, n - first)
@@ -226,15 +236,17 @@ class BucketHistory:
                                 step=self.step, match=self.match)
             part = group_grid(data, self.by, lo=lo, n=m, step=self.step, how=self.how)
             del data
+            if not _fits(part[1]):
+                self._dtype = np.float64
             if first == 0 and m == n:
                 return part
             keys, grid = join_columns(keys, {k: i for i, k in enumerate(keys)}, grid, *part,
-                                      dtype=STORED)
+                                      dtype=self._dtype)
         return keys, grid
 
     def _hold(self, keys: list[GroupKey], values: Grid) -> None:
         self.generation += 1
-        self.keys, self.values = keys, values.astype(STORED, copy=False)
+        self.keys, self.values = keys, values.astype(self._dtype, copy=False)
         self.rows = {k: i for i, k in enumerate(keys)}
 
     def advance(self, store: Store, lo: float, hi: float) -> bool:
@@ -245,10 +257,10 @@ class BucketHistory:
             self._hold(*self._read(store, lo, hi))
         else:
             kept = self.values[:, self._slots(self.lo, lo):]
+            new_keys, new = self._read(store, self.hi, hi)  # may widen ``_dtype``: first
             # A group with nothing left in the window goes.
-            self._hold(*drop_empty(*join_columns(self.keys, self.rows, kept,
-                                                 *self._read(store, self.hi, hi),
-                                                 dtype=STORED)))
+            self._hold(*drop_empty(*join_columns(self.keys, self.rows, kept, new_keys, new,
+                                                 dtype=self._dtype)))
         self.lo, self.hi = lo, hi
         return True
 

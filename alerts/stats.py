@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -252,6 +252,14 @@ class LoadModel:
     def lx(self) -> npt.NDArray[np.float64] | None:
         """The fitted buckets' log load (None: no load)."""
         return _points(self.y, self.x, self.width, self.floor)[1]
+
+    def detached(self) -> LoadModel:
+        """This model with its own copies of its buckets.  One kept past its quantum (the
+        baseline a pending or firing instance holds, for hours maybe) must not keep the
+        histories' arrays of that quantum alive: a row is a view of one, megabytes at 1,000
+        targets, and an incident's instances go pending in different quanta."""
+        return replace(self, y=np.array(self.y),
+                       x=None if self.x is None else np.array(self.x))
 
     def residuals(self, k: int) -> npt.NDArray[np.float64]:
         """The baseline's residuals about slope ``k`` of ``(low, fit, high)`` and its

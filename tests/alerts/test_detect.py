@@ -301,6 +301,10 @@ def test_rules_of_one_file_share_the_load_history_and_decide_as_alone(store: Sto
         assert all(together)  # both fire: the comparison is not between two empty lists
     a, b = (r.cache for r in shared if isinstance(r, RegressionRule))
     assert a._load["trailing"] is b._load["trailing"]
+    # What a pending or firing instance holds owns its buckets: not views keeping a past
+    # quantum's history arrays alive for as long as the alert lasts.
+    held = [h.baseline.model for r in shared for h in r.held.values()]  # type: ignore[attr-defined]
+    assert held and all(m.y.base is None and (m.x is None or m.x.base is None) for m in held)
     assert alone[0].cache._load["trailing"] is not alone[1].cache._load["trailing"]
     # The load was read once for both rules: the first read (an hour at a time), then one
     # slice at NOW + 300.

@@ -161,6 +161,20 @@ def test_a_window_read_a_slice_at_a_time_equals_it_read_whole(
     np.testing.assert_array_equal(got, grid.astype(got.dtype))
 
 
+def test_a_value_beyond_float32_is_kept_as_float64_not_as_an_infinity(store: Store) -> None:
+    fill(store, T0, T0 + 3600)
+    store.write("t1", T0 + 4000, [Sample("x", A, 1e300)])
+    store.flush()
+    hist = BucketHistory("x", step=60.0, by=("model",))
+    hist.advance(store, T0, T0 + 3600)
+    assert hist.values.dtype == np.float32
+    hist.advance(store, T0 + 300, T0 + 3900)
+    hist.advance(store, T0 + 600, T0 + 4200)  # the slice holding 1e300
+    assert hist.values.dtype == np.float64
+    row = hist.row(next(k for k in hist.rows if k[1] == (("model", "a"),)))
+    assert row is not None and np.nanmax(row) == 1e300 and np.isfinite(row).any()
+
+
 def test_vanished_groups_are_dropped_and_time_going_back_reads_whole(store: Store) -> None:
     fill(store, T0, T0 + 3 * 3600, gone_after=T0 + 1800)
     hist = BucketHistory("x", step=60.0, by=("model",))
