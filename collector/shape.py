@@ -111,12 +111,13 @@ _MARKS = tuple(map(chr, (*range(0, 9), *range(11, 32))))
 
 def _skeleton(text: str, mark: str) -> tuple[int, list[str]] | None:
     """The hash of ``text`` less its lines' last tokens, joined with ``mark`` where each was,
-    and the tokens; None for a payload holding ``mark``."""
+    and the split itself (text between tokens, then a token, alternately); None for a payload
+    holding ``mark``."""
     if mark in text:
         # Not the shape's payload (it holds none) up to values, which float() would refuse.
         return None
     parts = _LAST_TOKEN.split(text)
-    return hash(mark.join(parts[0::2])), parts[1::2]
+    return hash(mark.join(parts[0::2])), parts
 
 
 class _Matcher:
@@ -142,7 +143,8 @@ class _Matcher:
         found = _skeleton(text, self.mark)
         if found is None:
             return None
-        skeleton_hash, tokens = found
+        skeleton_hash, parts = found
+        tokens = parts[1::2]
         if len(tokens) != self.n_tokens or skeleton_hash != self.skeleton_hash:
             return None
         if tuple(compress(tokens, self.comment_mask)) != self.comment_tokens:
@@ -287,8 +289,8 @@ def _matcher_for(text: str, values: Values) -> _Matcher | None:
     found = _skeleton(text, mark)
     if found is None:
         return None
-    skeleton_hash, tokens = found
-    parts = _LAST_TOKEN.split(text)
+    skeleton_hash, parts = found
+    tokens = parts[1::2]
     # Each token's line is the text before it back to the last newline: the line's head.  A
     # sample line is not a comment, and has a head and a token.  Its head is never empty on a
     # payload the fast path accepted (a name comes first); requiring it keeps equal skeletons
