@@ -1,7 +1,7 @@
 """Storage: bytes per sample on disk and written, codecs compared, against Prometheus's TSDB.
 
     PYTHONPATH=.:.deps .venv/bin/python -m bench.storage [--hours 24] [--backend both]
-        [--targets small,fleet]
+        [--targets small,fleet] [--names N]
 
 The same day of realistic Triton data (``bench.storage_data``: counters with varying traffic,
 gauges, summaries with NaN while idle, a histogram, a restart, a model unloaded for two hours,
@@ -273,7 +273,7 @@ def ingest(day: Day, url: str, meter: Callable[[], int]) -> tuple[float, int]:
     return elapsed, maint
 
 
-def tritonwatch_sqlite(day: Day, work: Path) -> None:
+def tritonwatch_sqlite(day: Day, work: Path, names: int = 0) -> None:
     path = work / "tw.db"
     url = f"sqlite:///{path}"
     before = _wchar()
@@ -286,11 +286,31 @@ def tritonwatch_sqlite(day: Day, work: Path) -> None:
         "SELECT CASE WHEN name LIKE 'sqlite_autoindex_%' THEN substr(name, 19) ELSE name END, "
         "SUM(pgsize) FROM dbstat GROUP BY 1"
     ).fetchall())
+    by_name = conn.execute(
+        "SELECT s.name, COUNT(DISTINCT s.id), SUM(c.n), SUM(LENGTH(c.data)) FROM sample_chunks c "
+        "JOIN series s ON s.id = c.series_id GROUP BY s.name ORDER BY 4 DESC LIMIT ?", (names,)
+    ).fetchall()
     conn.close()
     size = path.stat().st_size
     _print_tw("SQLite", day, size, written, seconds, tables, maint, _sqlite_empty(work))
+    if by_name:
+        _print_names(day, by_name)
     for p in work.glob("tw.db*"):
         p.unlink()
+
+
+def _print_names(day: Day, rows: list[tuple[str, int, int, int]]) -> None:
+    """Where ``sample_chunks``' bytes go, by metric name: the data (timestamps named by a
+    shared column excepted) per sample of that name, and its share of every stored sample's
+    bytes.  What the codec cannot shrink shows here: a gauge of random floats (a utilization
+    ratio) costs what its mantissas hold, whatever the codec."""
+    n = day.stored_samples
+    print(f"    sample_chunks data by name (the {len(rows)} largest):")
+    print(f"      {'name':48s} {'series':>6s} {'samples':>8s} {'B/its sample':>12s} "
+          f"{'B/all samples':>13s}")
+    for name, series, samples, data in rows:
+        print(f"      {name:48s} {series:6d} {samples:8d} {data / samples:12.2f} "
+              f"{data / n:13.3f}")
 
 
 def _sqlite_empty(work: Path) -> int:
@@ -374,6 +394,9 @@ def main() -> None:
     parser.add_argument("--targets", default="small,fleet")
     parser.add_argument("--codecs", action=argparse.BooleanOptionalAction, default=True,
                         help="compare the codecs first (--no-codecs: only the stores)")
+    parser.add_argument("--names", type=int, default=0, metavar="N",
+                        help="then, on SQLite, the N metric names taking most of the sample "
+                             "chunks' bytes")
     args = parser.parse_args()
     # A UTC day's start, three days ago: the compacted spans (6 h) and rollup windows (a day)
     # then hold whole days, as they do in a store that has run for a while.  Started at the
@@ -397,7 +420,7 @@ def main() -> None:
                 work = Path(tmp)
                 prometheus(day, work)
                 if args.backend in ("sqlite", "both"):
-                    tritonwatch_sqlite(day, work)
+                    tritonwatch_sqlite(day, work, args.names)
                 if pg is not None:
                     tritonwatch_postgres(day, base_url, f"tw_storage_{i}")
     finally:
