@@ -30,6 +30,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from datetime import datetime
 
 import yaml
 
@@ -44,6 +45,7 @@ from bench.common import (
     wait_until,
 )
 from tests.fixtures_pg import _free_port
+from tritonwatch import memory
 from tritonwatch.store import Query, open_store
 
 
@@ -67,6 +69,7 @@ class Size:
     rss_timeline: list[tuple[float, float]]  # (s into the window, RSS MiB), once a second
     #: (s into the window, duration s) of every scrape slower than SLOW_SCRAPE_S
     slow_scrapes: list[tuple[float, float]]
+    window_start: float  # wall-clock time the window began (s since the epoch)
 
     @property
     def kept(self) -> bool:
@@ -155,7 +158,7 @@ def run_size(fleet: Fleet, targets: int, interval: float, duration: float,
     short = sum(1 for i in range(targets) if found.get(f"triton-{i}", 0) < expected)
     down = sum(int(d or 0) for _, _, d in rows)
     return Size(targets, fleet.series, t1 - t0, expected, short, down, missed,
-                slowest, c1 - c0, peak, end_rss, phases, timeline, slow)
+                slowest, c1 - c0, peak, end_rss, phases, timeline, slow, wall0)
 
 
 #: A scrape slower than this is listed (issue 22: none slower than 5 s).
@@ -173,6 +176,47 @@ def print_slow(slow: list[tuple[float, float]], every: float = 60.0) -> None:
         vs = buckets[k]
         print(f"    {k * every:>6.0f}-{(k + 1) * every:<6.0f} s {len(vs):5d} scrapes, "
               f"slowest {max(vs):.1f} s")
+
+
+def print_memory_log(path: str, window_start: float, window_s: float, every: float = 60.0,
+                     top: int = 6) -> None:
+    """What serve's ``-vv`` log says of its memory (``tritonwatch.memory``), per ``every``
+    seconds of the window: RSS after each 15 s trim (lowest, highest) and before it (highest),
+    and the highest of glibc's heap in use, its mapped blocks, SQLite's and CPython's live
+    blocks; then the ``top`` highest high-water marks with where tritonwatch's threads were.
+    What rose, and when (the first rules' baselines, the hourly move), without a profiler."""
+    trims: dict[int, list[memory.TrimLine]] = {}
+    peaks: list[tuple[float, memory.PeakLine]] = []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if "tritonwatch.memory" not in line:
+                continue
+            try:
+                at = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            except ValueError:
+                continue
+            t = at - window_start
+            if not 0 <= t < window_s:
+                continue
+            if (trim := memory.read_trim_line(line)) is not None:
+                trims.setdefault(int(t // every), []).append(trim)
+            elif (peak := memory.read_peak_line(line)) is not None:
+                peaks.append((t, peak))
+    print(f"  serve's memory per {every:g} s (MiB; from its -vv log): RSS after trim "
+          "min-max, before trim max; heap in use, mapped, SQLite max; CPython blocks max")
+    for k in sorted(trims):
+        part = trims[k]
+        print(f"    {k * every:>6.0f}-{(k + 1) * every:<6.0f} s "
+              f"{min(x.rss for x in part):6.0f}-{max(x.rss for x in part):<6.0f}"
+              f"{max(x.before for x in part):6.0f} {max(x.heap_used for x in part):6.1f} "
+              f"{max(x.mapped for x in part):6.1f} {max(x.sqlite for x in part):5.1f} "
+              f"{max(x.python_blocks for x in part):>11,}")
+    if peaks:
+        print(f"  the {min(top, len(peaks))} highest RSS marks of the window:")
+        for t, peak in sorted(peaks, key=lambda p: -p[1].rss)[:top]:
+            # Each thread's innermost three frames: enough to tell the phase.
+            threads = [" < ".join(w.split(" < ")[:3]) for w in peak.where.split(" | ")]
+            print(f"    {t:6.0f} s {peak.rss:6.1f} MiB: {' | '.join(threads)}")
 
 
 def print_timeline(timeline: list[tuple[float, float]], every: float = 300.0) -> None:
@@ -234,6 +278,8 @@ def main() -> None:
         if args.rss_every > 0:
             print_timeline(r.rss_timeline, args.rss_every)
         print_slow(r.slow_scrapes, args.rss_every or 60.0)
+        if args.serve_log:
+            print_memory_log(args.serve_log, r.window_start, r.window_s, args.rss_every or 60.0)
     kept = [r.targets for r in results if r.kept]
     print()
     print(f"largest size kept: {max(kept) if kept else 'none'} targets; target (issue 22): "

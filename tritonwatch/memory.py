@@ -14,6 +14,7 @@ import ctypes.util
 import gc
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -232,6 +233,52 @@ def log_allocation_sites(top: int = 25) -> None:
         frame = stat.traceback[0]
         log.debug("memory:   %7.2f MiB %8d blocks %s:%d", stat.size / _MIB, stat.count,
                   frame.filename, frame.lineno)
+
+
+class TrimLine(NamedTuple):
+    """One memory report of :func:`release_free_memory` as logged, read back (MiB)."""
+
+    before: float  # RSS before the trim
+    rss: float  # and after it
+    heap: float
+    heap_used: float
+    heap_free: float
+    mapped: float
+    sqlite: float
+    python_blocks: int
+
+
+class PeakLine(NamedTuple):
+    """One new high-water mark of :func:`watch_peaks` as logged, read back."""
+
+    rss: float  # MiB
+    rose: float  # MiB above the last mark logged
+    where: str  # the threads in tritonwatch's code (:func:`where_threads_are`)
+
+
+# What the two log lines say, read back by :func:`read_trim_line` and :func:`read_peak_line`
+# (``bench.fleet --serve-log`` summarises a fleet run's memory with them); next to the
+# formats they read, which ``tests/cli/test_malloc.py`` holds them to.
+_NUM = r"([0-9.]+)"
+_TRIM_LINE = re.compile(
+    rf"memory: RSS {_NUM} -> {_NUM} MiB after trim; malloc heap {_NUM} MiB \({_NUM} in use, "
+    rf"{_NUM} free\), {_NUM} MiB mapped; SQLite {_NUM} MiB; ([0-9]+) blocks")
+_PEAK_LINE = re.compile(rf"memory: RSS high-water {_NUM} MiB \(\+{_NUM}\): .*? blocks; (.*)$")
+
+
+def read_trim_line(line: str) -> TrimLine | None:
+    """The memory report in a line of the debug log, or None where it holds none."""
+    m = _TRIM_LINE.search(line)
+    if m is None:
+        return None
+    before, rss, heap, used, free, mapped, sqlite = (float(x) for x in m.groups()[:7])
+    return TrimLine(before, rss, heap, used, free, mapped, sqlite, int(m[8]))
+
+
+def read_peak_line(line: str) -> PeakLine | None:
+    """The high-water mark in a line of the debug log, or None where it holds none."""
+    m = _PEAK_LINE.search(line)
+    return None if m is None else PeakLine(float(m[1]), float(m[2]), m[3].strip())
 
 
 class Report(NamedTuple):

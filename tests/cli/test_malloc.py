@@ -66,6 +66,14 @@ def test_memory_report_names_where_the_memory_is_at_debug() -> None:
                          check=True, timeout=120)
     line = next(x for x in out.stderr.splitlines() if x.startswith("tritonwatch.memory "))
     assert "after trim; malloc heap" in line and "SQLite" in line, out.stderr
+    # Read back as ``bench.fleet --serve-log`` reads a serve log.
+    from tritonwatch import memory
+
+    seen = memory.read_trim_line(line)
+    assert seen is not None, line
+    assert seen.rss > 0 and seen.before > 0 and seen.python_blocks > 1000, seen
+    assert seen.heap_used <= seen.heap and seen.heap_free <= seen.heap, seen
+    assert memory.read_trim_line(line.replace("after trim", "before trim")) is None
 
 
 PEAKS_CHILD = textwrap.dedent("""
@@ -111,6 +119,13 @@ def test_each_new_rss_high_water_mark_is_logged_with_where_the_threads_are_at_de
     # The rise since the last mark logged (here the start): the 64 MiB block, at least the step.
     rose = float(re.search(r"high-water [0-9.]+ MiB \(\+([0-9.]+)\)", line).group(1))  # type: ignore[union-attr]
     assert 16 <= rose < 1024, line
+    # Read back as ``bench.fleet --serve-log`` reads a serve log.
+    from tritonwatch import memory
+
+    seen = memory.read_peak_line(line)
+    assert seen is not None and seen.rose == rose and seen.rss >= rose, line
+    assert seen.where.startswith("[") and "[allocator]" in seen.where, seen
+    assert memory.read_peak_line(line.replace("high-water", "low-water")) is None
 
 
 def test_no_peak_watcher_without_debug_logging() -> None:
