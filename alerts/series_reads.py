@@ -4,13 +4,11 @@ alerts."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
-import numpy.typing as npt
 from pydantic import ConfigDict
 
 from tritonwatch.alerts.grouping import by_labels
@@ -19,7 +17,7 @@ from tritonwatch.schemas.samples import Labels, make_labels
 from tritonwatch.store import Query
 
 if TYPE_CHECKING:
-    from tritonwatch.store import SeriesColumns, Store
+    from tritonwatch.store import SeriesSums, Store
 
 #: The labels of a model's series that identify it.
 MODEL = ("model", "version")
@@ -58,7 +56,8 @@ def means(
     store: Store, name: str, now: float, window: float, by: tuple[str, ...]
 ) -> dict[tuple[str, Labels], float]:
     """Mean over ``[now - window, now]`` of each group (target, ``by`` labels)."""
-    return group_means(group_sums(store.read(Query(name, start=now - window, end=now)), by))
+    return group_means(group_sums(
+        store.finite_sums(Query(name, start=now - window, end=now)), by))
 
 
 def group_means(acc: Mapping[tuple[str, Labels], list[float]]) -> dict[tuple[str, Labels], float]:
@@ -85,27 +84,29 @@ def means_of(
     out: dict[tuple[str, Labels], float] = {}
     for target in sorted(targets):
         out.update(group_means(group_sums(
-            store.read(Query(name, start=now - window, end=now, target=target)), by)))
+            store.finite_sums(Query(name, start=now - window, end=now, target=target)), by)))
     return out
 
 
-def per_series(cols: SeriesColumns) -> npt.NDArray[np.float64]:
-    """The sum of each series' points."""
-    if not cols.keys:
-        return np.empty(0)
-    with np.errstate(invalid="ignore", over="ignore"):  # +inf and -inf: NaN, not a warning
-        return np.add.reduceat(cols.values, cols.bounds[:-1])
-
-
 def group_sums(
-    cols: SeriesColumns, by: tuple[str, ...], after: float = -math.inf
+    sums: SeriesSums, by: tuple[str, ...], *, nonzero: bool = False
 ) -> dict[tuple[str, Labels], list[float]]:
-    """Per group (target, ``by`` labels) of ``cols``' series: ``[sum, count]`` of their finite
-    points stamped after ``after``; a group whose series have none is there with zeros."""
-    sums, counts = cols.finite_sums(after)
+    """Per group (target, ``by`` labels) of the series of ``sums`` (``Store.finite_sums``):
+    ``[sum, count]`` of their finite points; a group whose series have none is there with
+    zeros.  ``nonzero``: only the groups with a series whose sum is not zero (a healthy
+    fleet's failure rates by reason are nearly all zero: 28,000 groups at 1,000 targets, each
+    a key and a list, for the few that can alert)."""
+    keys = sums.keys
+    wanted = None
+    if nonzero:
+        wanted = {(keys[i].target, by_labels(keys[i].labels, by))
+                  for i in np.flatnonzero(sums.sums).tolist()}
     acc: dict[tuple[str, Labels], list[float]] = {}
-    for key, total, n in zip(cols.keys, sums.tolist(), counts.tolist(), strict=True):
-        a = acc.setdefault((key.target, by_labels(key.labels, by)), [0.0, 0.0])
+    for key, total, n in zip(keys, sums.sums.tolist(), sums.counts.tolist(), strict=True):
+        group = (key.target, by_labels(key.labels, by))
+        if wanted is not None and group not in wanted:
+            continue
+        a = acc.setdefault(group, [0.0, 0.0])
         a[0] += total
         a[1] += n
     return acc

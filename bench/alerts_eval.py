@@ -33,7 +33,9 @@ rule's ``evaluate``, summed over the timed evaluations) and the alerts' answers'
 path means the answers did not change, for this data) and the verdicts' digest (fingerprints
 and states only: equal across a change that moves values in their last digits, such as the
 histories' float32 buckets, means every alert was pending, firing and resolved alike).
-``--sizes`` also prints the bytes each rule keeps between evaluations.
+``--sizes`` also prints the bytes each rule keeps between evaluations; ``--peaks`` each rule's
+highest transient of one timed evaluation, traced by ``tracemalloc`` (slower: its CPU figures are
+not comparable with a run without it).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ import resource
 import statistics
 import tempfile
 import time
+import tracemalloc
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -212,20 +215,30 @@ class _Backends:
 
 
 class TimedRule:
-    """``rule`` with the process CPU of its evaluations added up (per-rule breakdown)."""
+    """``rule`` with the process CPU of its evaluations added up (per-rule breakdown) and, while
+    ``tracemalloc`` traces, the highest bytes any one evaluation allocated above what was
+    allocated when it began (``peaks``: its transient, what adds to the collector's RSS while
+    it runs)."""
 
-    def __init__(self, rule: Rule, spent: dict[str, float]) -> None:
-        self.rule, self.spent = rule, spent
+    def __init__(self, rule: Rule, spent: dict[str, float], peaks: dict[str, int]) -> None:
+        self.rule, self.spent, self.peaks = rule, spent, peaks
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.rule, name)
 
     def evaluate(self, store: Store, now: float) -> Any:
+        tracing = tracemalloc.is_tracing()
+        if tracing:
+            tracemalloc.reset_peak()
+            base = tracemalloc.get_traced_memory()[0]
         c0 = time.process_time()
         try:
             return self.rule.evaluate(store, now)
         finally:
             self.spent[self.rule.name] += time.process_time() - c0
+            if tracing:
+                peak = tracemalloc.get_traced_memory()[1] - base
+                self.peaks[self.rule.name] = max(self.peaks.get(self.rule.name, 0), peak)
 
 
 def _digest(engine: Engine, h: Any, verdicts: Any) -> None:
@@ -246,7 +259,8 @@ def _state_sizes(engine: Engine, store: Store) -> list[tuple[str, int]]:
 
 
 def run(name: str, targets: int, hours: float, evals: int,
-        profile: cProfile.Profile | None, show_sizes: bool = False) -> None:
+        profile: cProfile.Profile | None, show_sizes: bool = False,
+        show_peaks: bool = False) -> None:
     with backend(name) as (url, pg_pid):
         def db_cpu() -> float:
             return process_tree_cpu(pg_pid) if pg_pid else 0.0
@@ -273,8 +287,9 @@ def run(name: str, targets: int, hours: float, evals: int,
                         for s in srcs]})
         job = AlertJob.from_config(config, store, clock=clock)
         spent: dict[str, float] = defaultdict(float)
+        peaks: dict[str, int] = {}
         engine = job.engine
-        engine.rules = [TimedRule(r, spent) for r in engine.rules]
+        engine.rules = [TimedRule(r, spent, peaks) for r in engine.rules]
         rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         digest, verdicts = hashlib.sha256(), hashlib.sha256()
 
@@ -292,6 +307,9 @@ def run(name: str, targets: int, hours: float, evals: int,
         cold = one()
         spent.clear()
         served.clear()
+        if show_peaks:
+            # After the cold evaluation: its first reads of the 4 h baselines happen once.
+            tracemalloc.start()
         cpu: list[float] = []
         db: list[float] = []
         for _ in range(evals):
@@ -304,6 +322,7 @@ def run(name: str, targets: int, hours: float, evals: int,
             cpu.append(c)
             db.append(d)
         rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        tracemalloc.stop()
         states = engine.states()
         sizes = _state_sizes(engine, store) if show_sizes else []
         store.close()
@@ -333,6 +352,11 @@ def run(name: str, targets: int, hours: float, evals: int,
     print("  per rule (process CPU, mean per evaluation):")
     for rule, s in sorted(spent.items(), key=lambda kv: -kv[1]):
         print(f"    {rule:32} {s / evals * 1e3:8.1f} ms")
+    if peaks:
+        print("  highest transient of one evaluation (tracemalloc: Python and numpy "
+              "allocations, not SQLite's or the driver's):")
+        for rule, b in sorted(peaks.items(), key=lambda kv: -kv[1]):
+            print(f"    {rule:32} {b / 2**20:8.1f} MiB")
     if sizes:
         print(f"  state kept between evaluations, {sum(b for _, b in sizes) / 2**20:.1f} MiB:")
         for rule, b in sorted(sizes, key=lambda kv: -kv[1]):
@@ -349,11 +373,15 @@ def main() -> None:
     parser.add_argument("--profile", help="write a cProfile of the timed evaluations here")
     parser.add_argument("--sizes", action="store_true",
                         help="also print the bytes each rule keeps between evaluations")
+    parser.add_argument("--peaks", action="store_true",
+                        help="also print each rule's highest transient of one evaluation "
+                        "(traced by tracemalloc, which slows the evaluations: the CPU figures "
+                        "of such a run are not comparable)")
     args = parser.parse_args()
     profile = cProfile.Profile() if args.profile else None
     print(f"load average {os.getloadavg()[0]:.2f}, {os.cpu_count()} CPUs")
     for name in ("sqlite", "postgres") if args.backend == "both" else (args.backend,):
-        run(name, args.targets, args.hours, args.evals, profile, args.sizes)
+        run(name, args.targets, args.hours, args.evals, profile, args.sizes, args.peaks)
     if profile is not None:
         profile.dump_stats(args.profile)
 

@@ -13,7 +13,7 @@ from tritonwatch.store.errors import QueryError, StoreError, WriterLockHeld
 from tritonwatch.store.query import Agg
 from tritonwatch.store.reads import Query
 from tritonwatch.store.store import Pending, Store, open_store
-from tritonwatch.store.values import SeriesColumns, SeriesData, SeriesKey
+from tritonwatch.store.values import SeriesColumns, SeriesData, SeriesKey, SeriesSums
 
 __all__ = [
     "Agg",
@@ -23,6 +23,7 @@ __all__ = [
     "SeriesColumns",
     "SeriesData",
     "SeriesKey",
+    "SeriesSums",
     "Store",
     "StoreError",
     "WriterLockHeld",

@@ -516,6 +516,20 @@ def plan_sources(
     return plan
 
 
+def check_bucket_rows(conn: Connection, ids: Sequence[int], plan: list[tuple[Table, int, int]],
+                      *, max_samples: int) -> None:
+    """LimitExceeded if the rows that ``plan``'s sources hold of the series ``ids`` add up to
+    more than ``max_samples`` (:func:`count_rows`: counted, not read)."""
+    total = 0
+    for table, lo, hi in plan:
+        for chunk in _chunks(ids):
+            total += count_rows(conn, table, chunk, lo_ms=lo, hi_ms=hi)
+            if total > max_samples:
+                raise LimitExceeded(
+                    f"the query would read more than {max_samples:,} samples",
+                    what="samples", limit=max_samples)
+
+
 def bucket_columns(
     conn: Connection,
     series: Candidates,
@@ -540,14 +554,7 @@ def bucket_columns(
     ids = [sid for sid, _ in series]
     plan = plan_sources(lo_ms=lo_ms, hi_ms=hi_ms, step_ms=step_ms, watermarks=watermarks)
     if max_samples is not None:
-        total = 0
-        for table, lo, hi in plan:
-            for chunk in _chunks(ids):
-                total += count_rows(conn, table, chunk, lo_ms=lo, hi_ms=hi)
-                if total > max_samples:
-                    raise LimitExceeded(
-                        f"the query would read more than {max_samples:,} samples",
-                        what="samples", limit=max_samples)
+        check_bucket_rows(conn, ids, plan, max_samples=max_samples)
     # A batch of series at a time, from every source, merged: the batches hold disjoint
     # series (``series`` lists each id once: find_series selects them by key), so only a
     # batch's partials are ever held unmerged.  All of them held at once were the peak of a

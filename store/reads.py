@@ -3,7 +3,8 @@
 One frozen value names the series (by name or names, target, label equality, a filter), the
 window and, for buckets, the step and aggregate, with the bounds a read may not exceed.
 ``Store.read`` answers it with columns (raw samples without ``step``, buckets with it),
-``Store.increase`` / ``Store.rate`` with one number per counter, ``Store.series`` /
+``Store.finite_sums`` with a sum and a count per series, ``Store.increase`` / ``Store.rate``
+with one number per counter, ``Store.series`` /
 ``Store.series_page`` with the series alone.  Queries see flushed samples only; times are unix
 seconds, windows inclusive at both ends.
 """
@@ -15,11 +16,12 @@ from collections.abc import Collection, Mapping
 from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
+import numpy as np
 from sqlalchemy import Connection
 
 from tritonwatch.store import maintenance, query
 from tritonwatch.store.errors import QueryError
-from tritonwatch.store.values import SeriesColumns, SeriesKey
+from tritonwatch.store.values import F64, I64, SeriesColumns, SeriesKey, SeriesSums
 
 #: The widest window a query may name (years 1 to 9999, as the API's times): an open end of a
 #: :meth:`Reader.series_page` window reads as this.
@@ -117,22 +119,69 @@ class Reader:
 
     def read(self, conn: Connection, q: Query) -> SeriesColumns:
         lo, hi = q.window()
+        self._check(q)
+        found = self.find(conn, q)
+        if q.step is None and q.max_samples is not None:
+            query.check_samples(conn, found, lo_ms=lo, hi_ms=hi, max_samples=q.max_samples)
+        return self._columns(conn, q, found, lo, hi)
+
+    @staticmethod
+    def _check(q: Query) -> None:
         if q.step is None:
             if q.agg is not None:
                 raise QueryError(f"agg {q.agg!r} needs a step")
-            found = self.find(conn, q)
-            if q.max_samples is not None:
-                query.check_samples(conn, found, lo_ms=lo, hi_ms=hi, max_samples=q.max_samples)
-            return query.raw_columns(conn, found, lo_ms=lo, hi_ms=hi)
+            return
         if q.agg not in query.AGGS:
             raise QueryError(f"agg must be one of {sorted(query.AGGS)}, got {q.agg!r}")
         if not math.isfinite(q.step) or round(q.step * 1000) < 1:
             raise QueryError(f"step must be a positive number of seconds, got {q.step!r}")
-        found = self.find(conn, q)
+
+    def _columns(self, conn: Connection, q: Query, found: query.Candidates, lo: int,
+                 hi: int, *, checked: bool = False) -> SeriesColumns:
+        """``found``'s raw samples or buckets (``q.step``) in ``[lo, hi]`` (milliseconds);
+        ``checked``: ``q.max_samples`` was checked already (a bucketed read checks it)."""
+        if q.step is None:
+            return query.raw_columns(conn, found, lo_ms=lo, hi_ms=hi)
         return query.bucket_columns(
-            conn, found, lo_ms=lo, hi_ms=hi, step_ms=round(q.step * 1000), agg=q.agg,
-            watermarks=self._watermarks(conn), max_samples=q.max_samples,
+            conn, found, lo_ms=lo, hi_ms=hi, step_ms=round(q.step * 1000), agg=str(q.agg),
+            watermarks=self._watermarks(conn), max_samples=None if checked else q.max_samples,
         )
+
+    def _check_samples(self, conn: Connection, q: Query, found: query.Candidates, lo: int,
+                       hi: int) -> None:
+        """LimitExceeded if reading ``found`` would decode more than ``q.max_samples``."""
+        if q.max_samples is None:
+            return
+        if q.step is None:
+            query.check_samples(conn, found, lo_ms=lo, hi_ms=hi, max_samples=q.max_samples)
+            return
+        plan = query.plan_sources(lo_ms=lo, hi_ms=hi, step_ms=round(q.step * 1000),
+                                  watermarks=self._watermarks(conn))
+        query.check_bucket_rows(conn, [sid for sid, _ in found], plan,
+                                max_samples=q.max_samples)
+
+    def finite_sums(self, conn: Connection, q: Query, *, after: float,
+                    batch: int) -> SeriesSums:
+        """What ``read(conn, q).finite_sums(after)`` answers, with only ``batch`` series'
+        samples (or buckets) in memory at a time; ``q.max_samples`` bounds the whole read."""
+        if batch < 1:
+            raise QueryError(f"batch must be at least one series, got {batch!r}")
+        lo, hi = q.window()
+        self._check(q)
+        found = self.find(conn, q)
+        self._check_samples(conn, q, found, lo, hi)  # for the whole read, not each batch
+        keys: list[SeriesKey] = []
+        sums: list[F64] = []
+        counts: list[I64] = []
+        for i in range(0, len(found), batch):
+            cols = self._columns(conn, q, found[i:i + batch], lo, hi, checked=True)
+            s, n = cols.finite_sums(after)
+            keys.extend(cols.keys)
+            sums.append(s)
+            counts.append(n)
+        if not sums:
+            return SeriesSums(keys, np.empty(0, np.float64), np.empty(0, np.int64))
+        return SeriesSums(keys, np.concatenate(sums), np.concatenate(counts))
 
     def increase(self, conn: Connection, q: Query) -> list[tuple[SeriesKey, float, int, int]]:
         lo, hi = q.window()

@@ -27,6 +27,7 @@ all (it reads it back as NULL), and in Triton/Prometheus output NaN means "no ob
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Container, Iterable, Iterator, Mapping
@@ -58,13 +59,19 @@ from tritonwatch.store.jobs import Maintenance
 from tritonwatch.store.memory import HELD_SAMPLES, HeldWindow
 from tritonwatch.store.migrate import Migrations
 from tritonwatch.store.reads import Query, Reader
-from tritonwatch.store.values import SeriesColumns, SeriesKey
+from tritonwatch.store.values import SeriesColumns, SeriesKey, SeriesSums
 
 log = logging.getLogger(__name__)
 
 #: After a failed flush, ``write()`` waits this long before flushing automatically again, so
 #: that a down database does not add a connect timeout to every scrape.
 AUTO_FLUSH_BACKOFF_S = 5.0
+#: Series whose samples :meth:`Store.finite_sums` reads at a time.  Measured on the failure rates
+#: of 300 targets (8,400 series; ``tracemalloc``): their last 5 minutes, raw, 7.4 MiB read at
+#: once, 3.5 in batches of 500; their hour of 5-minute buckets (mostly raw samples still in the
+#: sample log) 11.2 MiB at once, 8.8 in batches of 500, 6.6 of 250 and 4.9 of 125, the last at
+#: a third more CPU than the others.
+SUMS_BATCH = 250
 
 _NAME = itemgetter(0)
 _LABELS = itemgetter(1)
@@ -538,6 +545,25 @@ class Store:
         with self._db("query buckets" if q.step is not None else "query range"), \
                 transaction(self._engine, write=False) as conn:
             return self._reader.read(conn, q)
+
+    def finite_sums(self, q: Query, *, after: float = -math.inf,
+                    batch: int = SUMS_BATCH) -> SeriesSums:
+        """Per series ``q`` selects: the sum and the number of its finite samples (with a
+        ``step``, of its buckets) in the window stamped after ``after``; series without any in
+        the window are left out.  What ``read(q).finite_sums(after)`` answers, with only
+        ``batch`` series' samples read into memory at a time: a rule's mean of every target's
+        last minutes (the failure rates by reason of 1,000 targets: 28,000 series, some 24 MiB
+        of columns at once) costs one batch's columns, not all of them."""
+        if self._tsdb is not None:
+            cols = self._tsdb.read(q)
+            return SeriesSums(cols.keys, *cols.finite_sums(after))
+        held = self._held
+        if held is not None:
+            got = held.read(q)
+            if got is not None:
+                return SeriesSums(got.keys, *got.finite_sums(after))
+        with self._db("query sums"), transaction(self._engine, write=False) as conn:
+            return self._reader.finite_sums(conn, q, after=after, batch=batch)
 
     def increase(self, q: Query) -> list[tuple[SeriesKey, float]]:
         """Reset-aware increase of each counter ``q`` selects over its samples in the window.

@@ -37,6 +37,16 @@ class SeriesData(NamedTuple):
         return SeriesKey(self.target, self.name, self.labels)
 
 
+class SeriesSums(NamedTuple):
+    """Per series ``keys[i]``: ``sums[i]``, the sum of its finite points in a window, and
+    ``counts[i]``, how many there are (:meth:`SeriesColumns.finite_sums`, and
+    ``Store.finite_sums``, which reads a batch of series at a time)."""
+
+    keys: list[SeriesKey]
+    sums: F64
+    counts: I64
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class SeriesColumns:
     """Points of many series in two columns: series ``keys[i]``'s points (oldest first, unix

@@ -17,6 +17,7 @@ from tritonwatch.alerts.availability import FailureRatioSpikeRule, sums_counts
 from tritonwatch.alerts.capacity import KvCacheForecastRule
 from tritonwatch.alerts.defaults import default_rules
 from tritonwatch.alerts.model import Rule
+from tritonwatch.alerts.series_reads import group_sums
 from tritonwatch.schemas.regressions import DEFAULT_RULE_NAMES, DefaultsSpec
 from tritonwatch.schemas.samples import Sample, TargetHealth, make_labels
 from tritonwatch.store import Query, Store
@@ -290,6 +291,42 @@ def test_failure_baseline_from_rollups_equals_the_raw_one(store: Store) -> None:
     (ok_sc,) = sums_counts(
         store, "sli:request_rate", b0, b1 - 0.001, ("model", "version")).values()
     assert ok_sc[1] == 240  # 12 intervals x 20 samples
+
+
+def test_sums_of_groups_without_failures_are_left_out_and_the_rest_kept(store: Store) -> None:
+    # By (model, reason): BACKEND fails; OTHER has one series failing and one not (an extra
+    # label apart: the group's count holds both); REJECTED never fails, on t1 with +Inf
+    # samples too (its buckets' sums are not finite, so it is read raw); t2 fails nowhere.
+    def lbl(reason: str, x: str = "") -> tuple[tuple[str, str], ...]:
+        return make_labels({"model": "llm", "reason": reason, **({"x": x} if x else {})})
+
+    now = START + 2 * 3600.0
+    for i in range(480):
+        ts = now - 2 * 3600 + 15 * i
+        for target in ("t1", "t2"):
+            fails = target == "t1"
+            store.write(target, ts, [
+                Sample("sli:failure_rate", lbl("BACKEND"), 0.25 * (i % 3) if fails else 0.0),
+                Sample("sli:failure_rate", lbl("OTHER", "1"), 0.0),
+                Sample("sli:failure_rate", lbl("OTHER", "2"), 0.5 if fails else 0.0),
+                Sample("sli:failure_rate", lbl("REJECTED"),
+                       float("inf") if fails and i % 50 == 0 else 0.0)])
+    store.flush()
+    store.maintenance.rollup(now)
+    by = ("model", "reason")
+    failing = {("t1", lbl("BACKEND")), ("t1", lbl("OTHER")), ("t1", lbl("REJECTED"))}
+    lo, hi = now - 3900, now - 300.001
+    every = sums_counts(store, "sli:failure_rate", lo, hi, by)
+    assert len(every) == 6 and every[("t1", lbl("OTHER"))] == [0.5 * 240, 2 * 240]
+    assert every[("t1", lbl("REJECTED"))] == [0.0, 235]  # 5 +Inf samples left out
+    kept = sums_counts(store, "sli:failure_rate", lo, hi, by, nonzero=True)
+    assert kept == {k: v for k, v in every.items() if k in failing}
+
+    window = Query("sli:failure_rate", start=now - 300, end=now)
+    every = group_sums(store.finite_sums(window), by)
+    assert len(every) == 6 and every[("t1", lbl("OTHER"))] == [0.5 * 20, 2 * 20]
+    kept = group_sums(store.finite_sums(window), by, nonzero=True)
+    assert kept == {k: v for k, v in every.items() if k in failing - {("t1", lbl("REJECTED"))}}
 
 
 def test_failure_baseline_skips_non_finite_samples_like_the_raw_read(store: Store) -> None:

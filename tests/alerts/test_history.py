@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from tritonwatch.alerts import history
 from tritonwatch.alerts.history import BucketHistory, group_grid, quantum_for
 from tritonwatch.schemas.samples import Sample, make_labels
-from tritonwatch.store import Query, SeriesColumns, SeriesData, Store
+from tritonwatch.store import Query, SeriesColumns, SeriesData, SeriesSums, Store
 
 T0 = 1_750_003_200.0  # on the 5-minute grid
 A = make_labels({"model": "a", "version": "1"})
@@ -28,10 +28,17 @@ class CountingStore:
         self.calls: list[tuple[str, str, float, float]] = []
 
     def read(self, q: Query) -> SeriesColumns:
+        self._record(q)
+        return self._store.read(q)
+
+    def finite_sums(self, q: Query, **kw: Any) -> SeriesSums:
+        self._record(q)
+        return self._store.finite_sums(q, **kw)
+
+    def _record(self, q: Query) -> None:
         # The rules read one name over a whole window (a read without either would fail).
         assert q.name is not None and q.start is not None and q.end is not None, q
         self.calls.append(("buckets" if q.step is not None else "range", q.name, q.start, q.end))
-        return self._store.read(q)
 
     def __getattr__(self, attr: str) -> Any:
         return getattr(self._store, attr)

@@ -297,6 +297,47 @@ def test_buckets_read_from_rollups_equal_buckets_from_raw(store: Store, step: in
         assert again == from_raw[agg], agg
 
 
+@pytest.mark.parametrize("batch", [1, 2, 500])
+@pytest.mark.parametrize("step", [None, 60.0, 300.0])
+def test_finite_sums_in_batches_equal_the_sums_of_one_whole_read(
+    store: Store, step: float | None, batch: int
+) -> None:
+    # Two hours of 3 series on each of 3 targets, with infinities (NaN is not stored) and
+    # rolled-up first hour: a 5-minute step reads rollups, then raw.
+    for i in range(int(2 * 3600 / SCRAPE)):
+        ts = T0 + i * SCRAPE
+        for t in ("a", "b", "c"):
+            store.write(t, ts, [
+                Sample("g", make_labels({"gpu": str(g)}),
+                       math.inf if (i + g) % 97 == 0 else
+                       -math.inf if t == "b" and g == 1 and i % 131 == 0 else
+                       ((i * (g + 3)) % 37) / 4 - 2.5)
+                for g in range(3)])
+    store.flush()
+    assert store.maintenance.rollup(T0 + 3600 + 300) > 0
+    agg: Agg | None = None if step is None else "sum"
+    for start, end, after in [(T0, T0 + 7200, -math.inf), (T0 + 1000, T0 + 5000, T0 + 2000),
+                              (T0 + 9000, T0 + 9999, -math.inf)]:
+        q = Query("g", start=start, end=end, step=step, agg=agg)
+        whole = store.read(q)
+        sums, counts = whole.finite_sums(after)
+        got = store.finite_sums(q, after=after, batch=batch)
+        assert got.keys == whole.keys
+        assert got.sums.tolist() == sums.tolist() and got.counts.tolist() == counts.tolist()
+        if start < T0 + 7200:
+            assert len(got.keys) == 9 and 0 < got.counts.sum() < len(whole.values)
+    # One target's: the same as its part of every target's.
+    one = store.finite_sums(Query("g", start=T0, end=T0 + 7200, target="b", step=step, agg=agg),
+                            batch=batch)
+    every = store.finite_sums(Query("g", start=T0, end=T0 + 7200, step=step, agg=agg))
+    assert one.keys == every.keys[3:6]
+    assert one.sums.tolist() == every.sums[3:6].tolist()
+    with pytest.raises(QueryError, match="batch"):
+        store.finite_sums(Query("g", start=T0, end=T0 + 60), batch=0)
+    with pytest.raises(QueryError, match="needs a step"):
+        store.finite_sums(Query("g", start=T0, end=T0 + 60, agg="sum"))
+
+
 def test_rollup_is_incremental(store: Store) -> None:
     _fill_hours(store, 1)
     # The hour's 5 m buckets are rolled up together, once its log has been moved (5 minutes

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 
@@ -81,6 +82,25 @@ def test_samples_are_counted_before_they_are_read(store: Store) -> None:
     assert len(_buckets(store, end=end, step=300.0, max_samples=240 + 12).values) == 24
     with pytest.raises(LimitExceeded):
         _buckets(store, end=end, step=300.0, max_samples=240 + 11)
+
+
+def test_finite_sums_bound_the_whole_read_not_each_batch(store: Store) -> None:
+    # Two hours of 4 series every 15 s: 1,920 samples; the older hour moved and rolled up.
+    for k in range(480):
+        store.write("t", T0 + 15 * k, [Sample("g", (("i", str(i)),), float(k)) for i in range(4)])
+        if k == 239:
+            store.flush()
+            store.maintenance.rollup(T0 + 7200)
+    store.flush()
+    end = T0 + 7199
+    raw = Query("g", start=T0, end=end, max_samples=1920)
+    assert store.finite_sums(raw, batch=1).counts.tolist() == [480] * 4
+    with pytest.raises(LimitExceeded):  # each batch of one series reads 480
+        store.finite_sums(replace(raw, max_samples=1919), batch=1)
+    five = Query("g", start=T0, end=end, step=300.0, agg="count", max_samples=4 * (240 + 12))
+    assert store.finite_sums(five, batch=1).sums.tolist() == [480.0] * 4
+    with pytest.raises(LimitExceeded):
+        store.finite_sums(replace(five, max_samples=4 * (240 + 12) - 1), batch=1)
 
 
 def test_health_pages_of_configured_targets(store: Store) -> None:
