@@ -107,7 +107,9 @@ def listen_problem(listen: str) -> str | None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from tritonwatch.memory import tune_gc, tune_malloc
+    from tritonwatch.memory import skip_unused_imports, tune_gc, tune_malloc
+
+    skip_unused_imports()  # before serve's modules import httpx
     from tritonwatch.serve import EXIT_STORE_IN_USE, serve
     from tritonwatch.store import StoreError, WriterLockHeld
 

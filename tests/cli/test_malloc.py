@@ -141,3 +141,29 @@ def test_no_peak_watcher_without_debug_logging() -> None:
         assert memory.watch_peaks(threading.Event()) is None
     finally:
         logger.setLevel(level)
+
+
+def test_serve_leaves_httpx_command_line_client_out() -> None:
+    # In a fresh interpreter, as cmd_serve starts: serve's modules load without httpx's
+    # command-line client (rich, pygments), and httpx still works, with its stub main.
+    code = textwrap.dedent("""
+        import sys
+        from tritonwatch import memory
+        memory.skip_unused_imports()
+        import tritonwatch.serve
+        import httpx
+        assert "httpx" in sys.modules
+        assert not {"rich", "pygments", "httpx._main"} & {
+            m for m, v in sys.modules.items() if v is not None}, sorted(sys.modules)
+        assert callable(httpx.main) and httpx.Client is not None
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
+    # Without it, the same imports bring them in: the check above can fail.
+    out = subprocess.run([sys.executable, "-c", "import sys, tritonwatch.serve; "
+                          "print('rich' in sys.modules)"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "True", out.stderr
