@@ -211,7 +211,7 @@ def theil_sen(x: npt.NDArray[np.float64], y: npt.NDArray[np.float64],
     return low, med, high
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, slots=True)
 class LoadModel:
     """How one instance's series responded to its load over a baseline window.
 

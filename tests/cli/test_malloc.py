@@ -7,6 +7,7 @@ happen before any thread starts, and the RSS it measures must not be the test ru
 from __future__ import annotations
 
 import re
+import socket
 import subprocess
 import sys
 import textwrap
@@ -143,27 +144,40 @@ def test_no_peak_watcher_without_debug_logging() -> None:
         logger.setLevel(level)
 
 
-def test_serve_leaves_httpx_command_line_client_out() -> None:
-    # In a fresh interpreter, as cmd_serve starts: serve's modules load without httpx's
-    # command-line client (rich, pygments), and httpx still works, with its stub main.
+def test_serve_leaves_httpx_command_line_client_and_rich_out(tmp_path) -> None:
+    # The real command line, `tritonwatch serve`, in a fresh interpreter, up to where serve
+    # would start (asyncio.run replaced): serve's modules are loaded, httpx among them, but
+    # not httpx's command-line client, nor rich or pygments (the probe command's, which the
+    # parser used to import for every command); httpx still works, with its stub main.
+    with socket.socket() as sock:  # a free port: serve checks it can listen there
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    config = tmp_path / "tw.yaml"
+    config.write_text(f"targets: []\nstore:\n  url: sqlite:///{tmp_path}/tw.db\n"
+                      f"api:\n  listen: 127.0.0.1:{port}\n")
     code = textwrap.dedent("""
-        import sys
-        from tritonwatch import memory
-        memory.skip_unused_imports()
-        import tritonwatch.serve
+        import asyncio, sys
+        seen = {}
+        def fake_run(coro):
+            coro.close()
+            seen["modules"] = {m for m, v in sys.modules.items() if v is not None}
+        asyncio.run = fake_run
+        from tritonwatch.cli import main
+        main(["serve", "--config", sys.argv[1]])
+        loaded = seen["modules"]
+        assert {"tritonwatch.serve", "httpx", "fastapi"} <= loaded, sorted(loaded)
+        assert not {"rich", "pygments", "httpx._main"} & loaded, sorted(loaded)
         import httpx
-        assert "httpx" in sys.modules
-        assert not {"rich", "pygments", "httpx._main"} & {
-            m for m, v in sys.modules.items() if v is not None}, sorted(sys.modules)
         assert callable(httpx.main) and httpx.Client is not None
         print("ok")
     """)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=120)
+    out = subprocess.run([sys.executable, "-c", code, str(config)], capture_output=True,
+                         text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
-    # Without it, the same imports bring them in: the check above can fail.
+    # Imported without the command line, serve's modules do bring them in: the check above
+    # can fail.
     out = subprocess.run([sys.executable, "-c", "import sys, tritonwatch.serve; "
-                          "print('rich' in sys.modules)"],
+                          "print('rich' in sys.modules, 'pygments' in sys.modules)"],
                          capture_output=True, text=True, timeout=120)
-    assert out.stdout.strip() == "True", out.stderr
+    assert out.stdout.strip() == "True True", out.stderr
