@@ -18,6 +18,7 @@ rollups run every 5 minutes as serve's maintenance does.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -268,7 +269,8 @@ def test_a_load_model_keeps_its_fitted_points_and_gives_each_slopes_residuals_so
         finite = int(np.isfinite(y).sum())
         assert len(model.ly) == model.n <= finite and (with_load or model.n == finite)
         assert (model.lx is not None) == with_load
-        arrays = [v for v in vars(model).values() if isinstance(v, np.ndarray)]
+        arrays = [v for f in dataclasses.fields(model)
+                  if isinstance(v := getattr(model, f.name), np.ndarray)]
         assert len(arrays) == (2 if with_load else 1)
         assert model.y is y and model.x is (x if with_load else None)
         # A history keeps float32 buckets (alerts.history.STORED): fitted on such a row, a
