@@ -25,7 +25,9 @@ from tritonwatch.schemas.values import Duration, format_duration
 from tritonwatch.store import Query
 
 if TYPE_CHECKING:
-    from tritonwatch.store import Store
+    from collections.abc import Iterator
+
+    from tritonwatch.store import SeriesKey, Store
 
 
 def sums_counts(
@@ -53,16 +55,17 @@ def sums_counts(
                                              counts.counts.tolist(), strict=True)}
         got = [of.get(k, (0.0, 0)) for k in sums.keys]
         samples, buckets = [n for n, _ in got], [b for _, b in got]
-    rows = zip(sums.keys, sums.sums.tolist(), sums.counts.tolist(), samples, buckets,
-               strict=True)
+    totals, finites = sums.sums.tolist(), sums.counts.tolist()
+
+    def rows() -> Iterator[tuple[SeriesKey, float, int, float, int]]:
+        return zip(sums.keys, totals, finites, samples, buckets, strict=True)
+
     wanted = None
     if nonzero:  # groups of a series with a nonzero sum, or one read raw (it may have one)
-        wanted = {(k.target, by_labels(k.labels, by)) for k, total, finite, _, b in rows
+        wanted = {(k.target, by_labels(k.labels, by)) for k, total, finite, _, b in rows()
                   if total != 0 or finite < b}
-        rows = zip(sums.keys, sums.sums.tolist(), sums.counts.tolist(), samples, buckets,
-                   strict=True)
     acc: dict[tuple[str, Labels], list[float]] = {}
-    for key, total, finite, n, b in rows:
+    for key, total, finite, n, b in rows():
         group = (key.target, by_labels(key.labels, by))
         if wanted is not None and group not in wanted:
             continue

@@ -539,7 +539,6 @@ def bucket_columns(
     step_ms: int,
     agg: str,
     watermarks: Mapping[int, int],
-    max_samples: int | None = None,
 ) -> SeriesColumns:
     """Buckets of each series in ``series``' order, stamped with their start, as columns.
 
@@ -547,14 +546,10 @@ def bucket_columns(
     straddling a rollup watermark has one from each, merged here column-wise (sorted by
     series and bucket, each run of equal keys reduced) rather than a Python tuple per
     bucket: a 1,000-target fleet's alert rules read tens of thousands of series at a time.
-
-    With ``max_samples``, the rows the read would decode are counted first
-    (:func:`count_rows`) and more than that raises :class:`LimitExceeded` before any is read.
+    A caller with a bound on the samples read counts them first (:func:`check_bucket_rows`).
     """
     ids = [sid for sid, _ in series]
     plan = plan_sources(lo_ms=lo_ms, hi_ms=hi_ms, step_ms=step_ms, watermarks=watermarks)
-    if max_samples is not None:
-        check_bucket_rows(conn, ids, plan, max_samples=max_samples)
     # A batch of series at a time, from every source, merged: the batches hold disjoint
     # series (``series`` lists each id once: find_series selects them by key), so only a
     # batch's partials are ever held unmerged.  All of them held at once were the peak of a

@@ -121,8 +121,7 @@ class Reader:
         lo, hi = q.window()
         self._check(q)
         found = self.find(conn, q)
-        if q.step is None and q.max_samples is not None:
-            query.check_samples(conn, found, lo_ms=lo, hi_ms=hi, max_samples=q.max_samples)
+        self._check_samples(conn, q, found, lo, hi)
         return self._columns(conn, q, found, lo, hi)
 
     @staticmethod
@@ -137,19 +136,19 @@ class Reader:
             raise QueryError(f"step must be a positive number of seconds, got {q.step!r}")
 
     def _columns(self, conn: Connection, q: Query, found: query.Candidates, lo: int,
-                 hi: int, *, checked: bool = False) -> SeriesColumns:
-        """``found``'s raw samples or buckets (``q.step``) in ``[lo, hi]`` (milliseconds);
-        ``checked``: ``q.max_samples`` was checked already (a bucketed read checks it)."""
+                 hi: int) -> SeriesColumns:
+        """``found``'s raw samples or buckets (``q.step``) in ``[lo, hi]`` (milliseconds)."""
         if q.step is None:
             return query.raw_columns(conn, found, lo_ms=lo, hi_ms=hi)
         return query.bucket_columns(
             conn, found, lo_ms=lo, hi_ms=hi, step_ms=round(q.step * 1000), agg=str(q.agg),
-            watermarks=self._watermarks(conn), max_samples=None if checked else q.max_samples,
+            watermarks=self._watermarks(conn),
         )
 
     def _check_samples(self, conn: Connection, q: Query, found: query.Candidates, lo: int,
                        hi: int) -> None:
-        """LimitExceeded if reading ``found`` would decode more than ``q.max_samples``."""
+        """LimitExceeded if reading ``found`` would decode more than ``q.max_samples``
+        (counted before any is read)."""
         if q.max_samples is None:
             return
         if q.step is None:
@@ -174,7 +173,7 @@ class Reader:
         sums: list[F64] = []
         counts: list[I64] = []
         for i in range(0, len(found), batch):
-            cols = self._columns(conn, q, found[i:i + batch], lo, hi, checked=True)
+            cols = self._columns(conn, q, found[i:i + batch], lo, hi)
             s, n = cols.finite_sums(after)
             keys.extend(cols.keys)
             sums.append(s)
