@@ -19,7 +19,7 @@ going backwards, or a window whose old and new range do not overlap), which read
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import numpy as np
@@ -79,7 +79,7 @@ def ceil_to(t: float, q: float) -> float:
 
 
 def group_grid(
-    data: SeriesColumns,
+    data: SeriesColumns | Iterable[SeriesColumns],
     by: tuple[str, ...],
     *,
     lo: float,
@@ -92,29 +92,45 @@ def group_grid(
     The groups (in first-seen order) and one row of ``n`` slots per group, NaN where no
     series of the group has a finite point; points of one bucket are averaged (``mean``) or
     summed (``sum``) over the group's series, as :func:`alerts.grouping.group_points` does.
-    Groups with no finite point in the range have no row."""
-    if not data.keys:
-        return [], np.empty((0, n))
-    idx = np.rint((data.ts - lo) / step).astype(np.int64)
-    keep = (idx >= 0) & (idx < n) & np.isfinite(data.values)
-    starts = data.bounds[:-1]
-    has = np.add.reduceat(keep, starts) > 0
+    Groups with no finite point in the range have no row.
+
+    ``data`` may come in batches of series (``Store.read_batches``): each is added into the
+    groups' sums and counts and let go, so only one batch's points are held beside the grid.
+    The points are added in the order of the series and batches, as one ``bincount`` over
+    the batches joined would add them: the same sums to the last bit."""
+    parts = [data] if isinstance(data, SeriesColumns) else data
     rows: dict[GroupKey, int] = {}
-    row_of = np.full(len(data.keys), -1, np.int64)
-    for i in np.flatnonzero(has).tolist():
-        key = data.keys[i]
-        row_of[i] = rows.setdefault((key.target, by_labels(key.labels, by)), len(rows))
+    sums = np.zeros(0)
+    counts = np.zeros(0, np.int64)
+    for part in parts:
+        if not part.keys:
+            continue
+        idx = np.rint((part.ts - lo) / step).astype(np.int64)
+        keep = (idx >= 0) & (idx < n) & np.isfinite(part.values)
+        has = np.add.reduceat(keep, part.bounds[:-1]) > 0
+        row_of = np.full(len(part.keys), -1, np.int64)
+        for i in np.flatnonzero(has).tolist():
+            key = part.keys[i]
+            row_of[i] = rows.setdefault((key.target, by_labels(key.labels, by)), len(rows))
+        if len(rows) * n > len(sums):  # room for the new groups, doubling
+            size = max(len(rows), 2 * len(sums) // max(n, 1)) * n
+            sums = np.concatenate([sums, np.zeros(size - len(sums))])
+            counts = np.concatenate([counts, np.zeros(size - len(counts), np.int64)])
+        at = (idx + np.repeat(row_of, np.diff(part.bounds)) * n)[keep]
+        # Unbuffered, in order: what bincount(at, weights) adds, onto the earlier batches'.
+        np.add.at(sums, at, part.values[keep])
+        counts += np.bincount(at, minlength=len(counts))
     if not rows:
         return [], np.empty((0, n))
-    at = (idx + np.repeat(row_of, np.diff(data.bounds)) * n)[keep]
     size = len(rows) * n
-    sums = np.bincount(at, weights=data.values[keep], minlength=size)
-    counts = np.bincount(at, minlength=size)
-    out: F64 = sums.astype(float)
+    out: F64 = sums[:size]
+    hits = counts[:size]
     if how == "mean":
         with np.errstate(invalid="ignore", divide="ignore"):
-            out = out / counts
-    out[counts == 0] = np.nan
+            out = out / hits
+    else:
+        out = out.copy()
+    out[hits == 0] = np.nan
     return list(rows), out.reshape(len(rows), n)
 
 
@@ -137,19 +153,13 @@ def join_columns(
 def read_columns(
     store: Store, names: Sequence[str], *, start: float, end: float, step: float,
     match: Mapping[str, str] | None,
-) -> SeriesColumns:
-    """``avg`` buckets of every series of ``names`` as one set of columns: a load driver
-    made of several series (successes and failures) is grouped and summed like one."""
-    parts = [store.read(Query(n, start=start, end=end, step=step, agg="avg",
-                              match=match or None)) for n in names]
-    if len(parts) == 1:
-        return parts[0]
-    keys = [k for p in parts for k in p.keys]
-    sizes = np.concatenate([np.diff(p.bounds) for p in parts]) if keys else np.zeros(0, np.int64)
-    bounds = np.zeros(len(keys) + 1, np.int64)
-    np.cumsum(sizes, out=bounds[1:])
-    return SeriesColumns(keys, bounds, np.concatenate([p.ts for p in parts]),
-                         np.concatenate([p.values for p in parts]))
+) -> Iterator[SeriesColumns]:
+    """``avg`` buckets of every series of ``names``, in batches of series
+    (``Store.read_batches``): a load driver made of several series (successes and failures)
+    is grouped and summed like one (:func:`group_grid`)."""
+    for name in names:
+        yield from store.read_batches(Query(name, start=start, end=end, step=step, agg="avg",
+                                            match=match or None))
 
 
 def drop_empty(keys: list[GroupKey], grid: _G) -> tuple[list[GroupKey], _G]:
@@ -235,7 +245,6 @@ class BucketHistory:
             data = read_columns(store, self.names, start=lo, end=lo + m * self.step - 0.001,
                                 step=self.step, match=self.match)
             part = group_grid(data, self.by, lo=lo, n=m, step=self.step, how=self.how)
-            del data
             if not _fits(part[1]):
                 self._dtype = np.float64
             if first == 0 and m == n:

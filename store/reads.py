@@ -12,7 +12,7 @@ seconds, windows inclusive at both ends.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
@@ -159,28 +159,24 @@ class Reader:
         query.check_bucket_rows(conn, [sid for sid, _ in found], plan,
                                 max_samples=q.max_samples)
 
-    def finite_sums(self, conn: Connection, q: Query, *, after: float,
-                    batch: int) -> SeriesSums:
-        """What ``read(conn, q).finite_sums(after)`` answers, with only ``batch`` series'
-        samples (or buckets) in memory at a time; ``q.max_samples`` bounds the whole read."""
+    def read_batches(self, conn: Connection, q: Query, *, batch: int) -> Iterator[SeriesColumns]:
+        """What ``read(conn, q)`` answers, ``batch`` series at a time (in key order: the
+        batches joined are the whole read); ``q.max_samples`` bounds the whole read.  Checks
+        ``q`` before the first batch is read."""
         if batch < 1:
             raise QueryError(f"batch must be at least one series, got {batch!r}")
         lo, hi = q.window()
         self._check(q)
         found = self.find(conn, q)
         self._check_samples(conn, q, found, lo, hi)  # for the whole read, not each batch
-        keys: list[SeriesKey] = []
-        sums: list[F64] = []
-        counts: list[I64] = []
-        for i in range(0, len(found), batch):
-            cols = self._columns(conn, q, found[i:i + batch], lo, hi)
-            s, n = cols.finite_sums(after)
-            keys.extend(cols.keys)
-            sums.append(s)
-            counts.append(n)
-        if not sums:
-            return SeriesSums(keys, np.empty(0, np.float64), np.empty(0, np.int64))
-        return SeriesSums(keys, np.concatenate(sums), np.concatenate(counts))
+        return (self._columns(conn, q, found[i:i + batch], lo, hi)
+                for i in range(0, len(found), batch))
+
+    def finite_sums(self, conn: Connection, q: Query, *, after: float,
+                    batch: int) -> SeriesSums:
+        """What ``read(conn, q).finite_sums(after)`` answers, with only ``batch`` series'
+        samples (or buckets) in memory at a time; ``q.max_samples`` bounds the whole read."""
+        return sums_of(self.read_batches(conn, q, batch=batch), after)
 
     def increase(self, conn: Connection, q: Query) -> list[tuple[SeriesKey, float, int, int]]:
         lo, hi = q.window()
@@ -224,3 +220,18 @@ class Reader:
         if marks is None:
             marks = self._marks_memo = maintenance.watermarks(conn)
         return marks
+
+
+def sums_of(batches: Iterable[SeriesColumns], after: float) -> SeriesSums:
+    """:meth:`SeriesColumns.finite_sums` of each of ``batches``, joined."""
+    keys: list[SeriesKey] = []
+    sums: list[F64] = []
+    counts: list[I64] = []
+    for cols in batches:
+        s, n = cols.finite_sums(after)
+        keys.extend(cols.keys)
+        sums.append(s)
+        counts.append(n)
+    if not sums:
+        return SeriesSums(keys, np.empty(0, np.float64), np.empty(0, np.int64))
+    return SeriesSums(keys, np.concatenate(sums), np.concatenate(counts))

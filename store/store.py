@@ -58,7 +58,7 @@ from tritonwatch.store.flush import BufferedScrape, SampleWriter, SeriesRefused
 from tritonwatch.store.jobs import Maintenance
 from tritonwatch.store.memory import HELD_SAMPLES, HeldWindow
 from tritonwatch.store.migrate import Migrations
-from tritonwatch.store.reads import Query, Reader
+from tritonwatch.store.reads import Query, Reader, sums_of
 from tritonwatch.store.values import SeriesColumns, SeriesKey, SeriesSums
 
 log = logging.getLogger(__name__)
@@ -66,7 +66,8 @@ log = logging.getLogger(__name__)
 #: After a failed flush, ``write()`` waits this long before flushing automatically again, so
 #: that a down database does not add a connect timeout to every scrape.
 AUTO_FLUSH_BACKOFF_S = 5.0
-#: Series whose samples :meth:`Store.finite_sums` reads at a time.  Measured on the failure rates
+#: Series whose samples :meth:`Store.read_batches` (and so :meth:`Store.finite_sums`) reads at
+#: a time.  Measured on the failure rates
 #: of 300 targets (8,400 series; ``tracemalloc``): their last 5 minutes, raw, 7.4 MiB read at
 #: once, 3.5 in batches of 500; their hour of 5-minute buckets (mostly raw samples still in the
 #: sample log) 11.2 MiB at once, 8.8 in batches of 500, 6.6 of 250 and 4.9 of 125, the last at
@@ -546,24 +547,37 @@ class Store:
                 transaction(self._engine, write=False) as conn:
             return self._reader.read(conn, q)
 
+    def read_batches(self, q: Query, *, batch: int = SUMS_BATCH) -> Iterator[SeriesColumns]:
+        """What :meth:`read` answers, ``batch`` series at a time, in key order (the batches
+        joined are the whole read): a rule that reduces every series of a name to a few
+        numbers per group (``alerts.history.group_grid``) holds one batch's samples at a
+        time, not every series' (the requests of 1,000 targets by failure reason: 35,000
+        series).  ``q.max_samples`` bounds the whole read.  A TSDB or a held window answers
+        in one batch.  Iterate it at once: on the database, the read's transaction stays open
+        until the last batch (one snapshot for all of them)."""
+        if self._tsdb is not None:
+            yield self._tsdb.read(q)
+            return
+        held = self._held
+        if held is not None:
+            got = held.read(q)
+            if got is not None:
+                yield got
+                return
+        with self._db("query buckets" if q.step is not None else "query range"), \
+                transaction(self._engine, write=False) as conn:
+            yield from self._reader.read_batches(conn, q, batch=batch)
+
     def finite_sums(self, q: Query, *, after: float = -math.inf,
                     batch: int = SUMS_BATCH) -> SeriesSums:
         """Per series ``q`` selects: the sum and the number of its finite samples (with a
         ``step``, of its buckets) in the window stamped after ``after``; series without any in
         the window are left out.  What ``read(q).finite_sums(after)`` answers, with only
-        ``batch`` series' samples read into memory at a time: a rule's mean of every target's
-        last minutes (the failure rates by reason of 1,000 targets: 28,000 series, some 24 MiB
-        of columns at once) costs one batch's columns, not all of them."""
-        if self._tsdb is not None:
-            cols = self._tsdb.read(q)
-            return SeriesSums(cols.keys, *cols.finite_sums(after))
-        held = self._held
-        if held is not None:
-            got = held.read(q)
-            if got is not None:
-                return SeriesSums(got.keys, *got.finite_sums(after))
-        with self._db("query sums"), transaction(self._engine, write=False) as conn:
-            return self._reader.finite_sums(conn, q, after=after, batch=batch)
+        ``batch`` series' samples read into memory at a time (:meth:`read_batches`): a rule's
+        mean of every target's last minutes (the failure rates by reason of 1,000 targets:
+        28,000 series, some 24 MiB of columns at once) costs one batch's columns, not all of
+        them."""
+        return sums_of(self.read_batches(q, batch=batch), after)
 
     def increase(self, q: Query) -> list[tuple[SeriesKey, float]]:
         """Reset-aware increase of each counter ``q`` selects over its samples in the window.

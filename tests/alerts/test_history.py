@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Iterator
 from typing import Any, cast
 
 import numpy as np
@@ -34,6 +36,10 @@ class CountingStore:
     def finite_sums(self, q: Query, **kw: Any) -> SeriesSums:
         self._record(q)
         return self._store.finite_sums(q, **kw)
+
+    def read_batches(self, q: Query, **kw: Any) -> Iterator[SeriesColumns]:
+        self._record(q)
+        return self._store.read_batches(q, **kw)
 
     def _record(self, q: Query) -> None:
         # The rules read one name over a whole window (a read without either would fail).
@@ -114,6 +120,33 @@ def test_group_grid_equals_a_point_by_point_reference(series: Any, how: Any, lo_
             else:
                 want = sum(vs) / len(vs) if how == "mean" else sum(vs)
                 assert row[i] == pytest.approx(want, rel=1e-12)
+
+
+_BATCHED = st.lists(st.tuples(
+    st.sampled_from(["t1", "t2", "t3"]), st.sampled_from(["a", "b"]), st.integers(0, 9),
+    st.lists(st.tuples(st.integers(-1, 5), st.floats(-1e6, 1e6) | st.sampled_from(
+        [float("nan"), float("inf"), -float("inf"), 0.1, 1 / 3])), min_size=1, max_size=12)),
+    max_size=30, unique_by=lambda s: (s[0], s[1], s[2]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(_BATCHED, st.sampled_from(["mean", "sum"]), st.lists(st.integers(1, 29), max_size=6))
+def test_group_grid_of_batches_equals_the_whole_to_the_bit(series: Any, how: Any,
+                                                           cuts: list[int]) -> None:
+    # Store.read_batches hands a read over in batches of series: the grid is the same, bit
+    # for bit (the same additions in the same order), and so are the groups and their order.
+    step, n = 60.0, 5
+    data = [SeriesData(t, "x", make_labels({"model": m, "gpu": str(g)}),
+                       tuple(T0 + i * step for i, _ in pts), tuple(v for _, v in pts))
+            for t, m, g, pts in series]
+    whole = SeriesColumns.of(data)
+    edges = sorted({0, len(data), *(c for c in cuts if c < len(data))})
+    batches = [SeriesColumns.of(data[a:b]) for a, b in itertools.pairwise(edges)]
+    keys, grid = group_grid(whole, ("model",), lo=T0, n=n, step=step, how=how)
+    got_keys, got = group_grid(iter(batches), ("model",), lo=T0, n=n, step=step, how=how)
+    assert got_keys == keys
+    assert got.shape == grid.shape
+    assert got.tobytes() == grid.tobytes()
 
 
 def test_sliding_reads_each_slice_once_and_equals_a_whole_read(store: Store) -> None:

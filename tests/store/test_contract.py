@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 
+import numpy as np
 import psycopg
 import pytest
 from psycopg import sql
@@ -299,7 +300,7 @@ def test_buckets_read_from_rollups_equal_buckets_from_raw(store: Store, step: in
 
 @pytest.mark.parametrize("batch", [1, 2, 500])
 @pytest.mark.parametrize("step", [None, 60.0, 300.0])
-def test_finite_sums_in_batches_equal_the_sums_of_one_whole_read(
+def test_reads_and_finite_sums_in_batches_equal_one_whole_read(
     store: Store, step: float | None, batch: int
 ) -> None:
     # Two hours of 3 series on each of 3 targets, with infinities (NaN is not stored) and
@@ -323,6 +324,15 @@ def test_finite_sums_in_batches_equal_the_sums_of_one_whole_read(
         sums, counts = whole.finite_sums(after)
         got = store.finite_sums(q, after=after, batch=batch)
         assert got.keys == whole.keys
+        parts = list(store.read_batches(q, batch=batch))
+        assert all(len(p.keys) <= batch for p in parts)  # (series without samples: none)
+        assert [k for p in parts for k in p.keys] == whole.keys
+        if parts:
+            joined = [np.concatenate([getattr(p, c) for p in parts]) for c in ("ts", "values")]
+            assert joined[0].tobytes() == whole.ts.tobytes()
+            assert joined[1].tobytes() == whole.values.tobytes()
+            assert [n for p in parts for n in np.diff(p.bounds).tolist()] == np.diff(
+                whole.bounds).tolist()
         assert got.sums.tolist() == sums.tolist() and got.counts.tolist() == counts.tolist()
         if start < T0 + 7200:
             assert len(got.keys) == 9 and 0 < got.counts.sum() < len(whole.values)
@@ -334,6 +344,8 @@ def test_finite_sums_in_batches_equal_the_sums_of_one_whole_read(
     assert one.sums.tolist() == every.sums[3:6].tolist()
     with pytest.raises(QueryError, match="batch"):
         store.finite_sums(Query("g", start=T0, end=T0 + 60), batch=0)
+    with pytest.raises(QueryError, match="batch"):
+        list(store.read_batches(Query("g", start=T0, end=T0 + 60), batch=0))
     with pytest.raises(QueryError, match="needs a step"):
         store.finite_sums(Query("g", start=T0, end=T0 + 60, agg="sum"))
 

@@ -84,7 +84,7 @@ def test_samples_are_counted_before_they_are_read(store: Store) -> None:
         _buckets(store, end=end, step=300.0, max_samples=240 + 11)
 
 
-def test_finite_sums_bound_the_whole_read_not_each_batch(store: Store) -> None:
+def test_batched_reads_bound_the_whole_read_not_each_batch(store: Store) -> None:
     # Two hours of 4 series every 15 s: 1,920 samples; the older hour moved and rolled up.
     for k in range(480):
         store.write("t", T0 + 15 * k, [Sample("g", (("i", str(i)),), float(k)) for i in range(4)])
@@ -97,6 +97,9 @@ def test_finite_sums_bound_the_whole_read_not_each_batch(store: Store) -> None:
     assert store.finite_sums(raw, batch=1).counts.tolist() == [480] * 4
     with pytest.raises(LimitExceeded):  # each batch of one series reads 480
         store.finite_sums(replace(raw, max_samples=1919), batch=1)
+    assert sum(len(p.values) for p in store.read_batches(raw, batch=1)) == 1920
+    with pytest.raises(LimitExceeded):  # before the first batch is read
+        next(store.read_batches(replace(raw, max_samples=1919), batch=1))
     five = Query("g", start=T0, end=end, step=300.0, agg="count", max_samples=4 * (240 + 12))
     assert store.finite_sums(five, batch=1).sums.tolist() == [480.0] * 4
     with pytest.raises(LimitExceeded):
