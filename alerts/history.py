@@ -209,6 +209,10 @@ class BucketHistory:
         #: Changes whenever :attr:`keys` and :attr:`values` do: what caches of row numbers
         #: and row statistics (``alerts.baseline.BaselineCache``) check before they are used.
         self.generation = 0
+        #: What the caches reading this history worked out from its rows, by their own keys
+        #: (``alerts.baseline.BaselineCache.load_row``'s sums of a target's load rows), shared
+        #: by every cache that reads it and emptied whenever the rows change.
+        self.memo: dict[object, Any] = {}
 
     @property
     def data(self) -> dict[GroupKey, Grid]:
@@ -255,6 +259,7 @@ class BucketHistory:
 
     def _hold(self, keys: list[GroupKey], values: Grid) -> None:
         self.generation += 1
+        self.memo = {}
         self.keys, self.values = keys, values.astype(self._dtype, copy=False)
         self.rows = {k: i for i, k in enumerate(keys)}
 

@@ -213,6 +213,18 @@ def test_shortcuts_answer_as_the_plain_path(store: Store) -> None:
     assert {"batch_fill_rate_regression", "kv_cache_saturation", "kv_cache_exhaustion_forecast",
             "gpu_utilization_regression", "gpu_idle_while_queued", "failure_ratio_spike",
             "target_down", "ttft_regression"} <= fired, fired
+    # The GPU rules share one load history: a GPU's load is its whole target's (summed over
+    # the target's models), one array for every GPU of the target and both rules, where each
+    # rule on its own histories sums its own (equal: the answers above).
+    sums: dict[str, list[Any]] = {}
+    for rule in fast_rules:
+        if rule.name in ("gpu_utilization_regression", "gpu_efficiency_regression"):
+            cache = rule.cache  # type: ignore[attr-defined]
+            for (target, _), model in cache._models["trailing"].items():
+                if model is not None and model.x is not None and model.x.base is None:
+                    sums.setdefault(target, []).append(model.x)
+    assert max(map(len, sums.values())) >= 2, sums  # both rules (and each GPU) share it
+    assert all(x is xs[0] for xs in sums.values() for x in xs)
 
 
 def test_fast_median_is_np_median_bit_for_bit() -> None:
