@@ -172,12 +172,6 @@ class Reader:
         return (self._columns(conn, q, found[i:i + batch], lo, hi)
                 for i in range(0, len(found), batch))
 
-    def finite_sums(self, conn: Connection, q: Query, *, after: float,
-                    batch: int) -> SeriesSums:
-        """What ``read(conn, q).finite_sums(after)`` answers, with only ``batch`` series'
-        samples (or buckets) in memory at a time; ``q.max_samples`` bounds the whole read."""
-        return sums_of(self.read_batches(conn, q, batch=batch), after)
-
     def increase(self, conn: Connection, q: Query) -> list[tuple[SeriesKey, float, int, int]]:
         lo, hi = q.window()
         found = self.find(conn, q)

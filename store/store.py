@@ -67,11 +67,10 @@ log = logging.getLogger(__name__)
 #: that a down database does not add a connect timeout to every scrape.
 AUTO_FLUSH_BACKOFF_S = 5.0
 #: Series whose samples :meth:`Store.read_batches` (and so :meth:`Store.finite_sums`) reads at
-#: a time.  Measured on the failure rates
-#: of 300 targets (8,400 series; ``tracemalloc``): their last 5 minutes, raw, 7.4 MiB read at
-#: once, 3.5 in batches of 500; their hour of 5-minute buckets (mostly raw samples still in the
-#: sample log) 11.2 MiB at once, 8.8 in batches of 500, 6.6 of 250 and 4.9 of 125, the last at
-#: a third more CPU than the others.
+#: a time.  Measured on the failure rates of 300 targets (8,400 series; ``tracemalloc``): their
+#: last 5 minutes, raw, 7.4 MiB read at once, 3.5 in batches of 500; their hour of 5-minute
+#: buckets (mostly raw samples still in the sample log) 11.2 MiB at once, 8.8 in batches of
+#: 500, 6.6 of 250 and 4.9 of 125, the last at a third more CPU than the others.
 SUMS_BATCH = 250
 
 _NAME = itemgetter(0)
@@ -533,19 +532,25 @@ class Store:
         (:class:`store.values.SeriesColumns`; ``.series()`` for one list per series): raw, or
         aggregated into buckets when ``q.step`` is given (:class:`store.reads.Query`).  Series
         without samples in the window are left out."""
+        got = self._read_elsewhere(q)
+        return got if got is not None else self._read_sql(q)
+
+    def _read_elsewhere(self, q: Query) -> SeriesColumns | None:
+        """What the TSDB or the held window answers to ``q``; None: the database answers."""
         if self._tsdb is not None:
             return self._tsdb.read(q)
         held = self._held
-        if held is not None:
-            got = held.read(q)
-            if got is not None:
-                return got
-        return self._read_sql(q)
+        return None if held is None else held.read(q)
 
     def _read_sql(self, q: Query) -> SeriesColumns:
+        with self._read_transaction(q) as conn:
+            return self._reader.read(conn, q)
+
+    @contextmanager
+    def _read_transaction(self, q: Query) -> Iterator[Connection]:
         with self._db("query buckets" if q.step is not None else "query range"), \
                 transaction(self._engine, write=False) as conn:
-            return self._reader.read(conn, q)
+            yield conn
 
     def read_batches(self, q: Query, *, batch: int = SUMS_BATCH) -> Iterator[SeriesColumns]:
         """What :meth:`read` answers, ``batch`` series at a time, in key order (the batches
@@ -555,17 +560,11 @@ class Store:
         series).  ``q.max_samples`` bounds the whole read.  A TSDB or a held window answers
         in one batch.  Iterate it at once: on the database, the read's transaction stays open
         until the last batch (one snapshot for all of them)."""
-        if self._tsdb is not None:
-            yield self._tsdb.read(q)
+        got = self._read_elsewhere(q)
+        if got is not None:
+            yield got
             return
-        held = self._held
-        if held is not None:
-            got = held.read(q)
-            if got is not None:
-                yield got
-                return
-        with self._db("query buckets" if q.step is not None else "query range"), \
-                transaction(self._engine, write=False) as conn:
+        with self._read_transaction(q) as conn:
             yield from self._reader.read_batches(conn, q, batch=batch)
 
     def finite_sums(self, q: Query, *, after: float = -math.inf,
