@@ -66,7 +66,11 @@ class Size:
     #: start-up and first scrape of every target, the measured window, and the one read of
     #: /metrics after it (``_missed``, as a Prometheus scraping the collector would).
     phase_peaks_mib: tuple[float, float, float]
-    rss_timeline: list[tuple[float, float]]  # (s into the window, RSS MiB), once a second
+    #: Once a second: (s into the window, RSS MiB now, the highest RSS since the last entry).
+    #: That highest is the kernel's VmHWM, reset after each read where it can be (else the
+    #: run's VmHWM so far): a peak of a fraction of a second between two samples is placed
+    #: to within a second, which the serve log's lines of that second then explain.
+    rss_timeline: list[tuple[float, float, float]]
     #: (s into the window, duration s) of every scrape slower than SLOW_SCRAPE_S
     slow_scrapes: list[tuple[float, float]]
     window_start: float  # wall-clock time the window began (s since the epoch)
@@ -124,12 +128,14 @@ def run_size(fleet: Fleet, targets: int, interval: float, duration: float,
             startup_peak = peak_rss_mib(proc.pid)
             resets = reset_peak_rss(proc.pid)
             c0, t0, wall0 = process_tree_cpu(proc.pid), time.perf_counter(), time.time()
-            timeline: list[tuple[float, float]] = []
+            timeline: list[tuple[float, float, float]] = []
             while (now := time.perf_counter()) < t0 + duration:
-                timeline.append((now - t0, rss_mib(proc.pid)))
+                timeline.append((now - t0, rss_mib(proc.pid), peak_rss_mib(proc.pid)))
+                if resets:
+                    reset_peak_rss(proc.pid)
                 time.sleep(min(1.0, t0 + duration - now))
             c1, t1, wall1 = process_tree_cpu(proc.pid), time.perf_counter(), time.time()
-            window_peak = peak_rss_mib(proc.pid)
+            window_peak = max([peak_rss_mib(proc.pid), *(hwm for _, _, hwm in timeline)])
             resets = reset_peak_rss(proc.pid) and resets
             missed = _missed(port)
             metrics_peak, end_rss = peak_rss_mib(proc.pid), rss_mib(proc.pid)
@@ -219,14 +225,28 @@ def print_memory_log(path: str, window_start: float, window_s: float, every: flo
             print(f"    {t:6.0f} s {peak.rss:6.1f} MiB: {' | '.join(threads)}")
 
 
-def print_timeline(timeline: list[tuple[float, float]], every: float = 300.0) -> None:
-    """RSS per ``every`` seconds of the window: lowest, highest and last sample."""
-    print(f"  RSS MiB per {every:g} s (min / max / last):")
+def print_timeline(timeline: list[tuple[float, float, float]], window_start: float,
+                   every: float = 300.0, top: int = 6) -> None:
+    """RSS per ``every`` seconds of the window: lowest, highest and last sample, and the
+    highest high-water mark; then the ``top`` seconds with the highest marks (s into the
+    window, and the wall-clock time to find them in serve's log)."""
+    print(f"  RSS MiB per {every:g} s (min / max / last sample; high-water):")
     for start in range(0, int(timeline[-1][0]) + 1 if timeline else 0, int(every)):
-        part = [r for t, r in timeline if start <= t < start + every]
+        part = [(rss, hwm) for t, rss, hwm in timeline if start <= t < start + every]
         if part:
-            print(f"    {start:>6}-{start + int(every):<6} s {min(part):6.0f} {max(part):6.0f} "
-                  f"{part[-1]:6.0f}")
+            rss = [r for r, _ in part]
+            print(f"    {start:>6}-{start + int(every):<6} s {min(rss):6.0f} {max(rss):6.0f} "
+                  f"{rss[-1]:6.0f} {max(h for _, h in part):6.0f}")
+    highest = sorted(timeline, key=lambda e: -e[2])[:top]
+    if highest:
+        print(f"  the {len(highest)} seconds with the highest high-water marks: "
+              + ", ".join(f"{t:.0f} s ({_clock(window_start + t)}) {hwm:.0f}"
+                          for t, _, hwm in highest))
+
+
+def _clock(at: float) -> str:
+    """``at`` as serve's log writes its lines' times (local time)."""
+    return datetime.fromtimestamp(at).strftime("%H:%M:%S")
 
 
 def main() -> None:
@@ -276,7 +296,7 @@ def main() -> None:
             print("  peak RSS MiB by phase: start-up and first scrapes {:.0f}, the window {:.0f}, "
                   "one /metrics read after it {:.0f}".format(*r.phase_peaks_mib))
         if args.rss_every > 0:
-            print_timeline(r.rss_timeline, args.rss_every)
+            print_timeline(r.rss_timeline, r.window_start, args.rss_every)
         print_slow(r.slow_scrapes, args.rss_every or 60.0)
         if args.serve_log:
             print_memory_log(args.serve_log, r.window_start, r.window_s, args.rss_every or 60.0)
