@@ -93,18 +93,24 @@ from tritonwatch.store.write import (
 
 log = logging.getLogger(__name__)
 
-#: Samples moved into chunks per transaction (whole targets, or a large target's whole names;
-#: one larger target or name goes alone): about 200 bytes of transient memory each (measured
-#: at 1,000 targets: 1 << 18 of them raised the collector's peak RSS by 50 MB).
+#: Samples moved into chunks per transaction: whole targets up to this many samples, a larger
+#: target's whole names (one name larger than this goes alone, a range of its series at a
+#: time: :func:`_series_ranges`).  About 200 bytes of transient memory each (measured at
+#: 1,000 targets: 1 << 18 of them raised the collector's peak RSS by 50 MB).
+#:
+#: Why a target is cut between its names as soon as it is larger, and a group takes only the
+#: units that fit.  A group over the budget goes through :func:`_series_ranges`, which decodes
+#: all of its rows once for the ranges and once more for each range: an hour of a Triton of
+#: 566 series at 15 s (135,840 samples) was decoded three times, as was nearly every group of
+#: several targets (the last target added took it just past the budget).  The same
+#: chunks either way; measured on 20 such targets (``bench.move --targets 20``, twice each,
+#: side by side): 7.80, 8.83 -> 7.51, 7.28 CPU s, and a traced peak of 9.2 -> 7.7 MiB.  Moved
+#: whole, the NVML host's target (the GPU series joined across a fleet: 6.8 M samples an hour
+#: at 1,000 targets) took the collector from 350 to 618 MiB every hour.
 TRANSPOSE_SAMPLES = 1 << 16
 #: Samples' worth of log rows the move decodes at a time: the rows' index is the 200 bytes a
 #: sample, and the decoded samples (32 bytes each) are what is kept of them.
 DECODE_SAMPLES = 1 << 14
-#: A target holding more than this many times :data:`TRANSPOSE_SAMPLES` is moved a few names
-#: at a time; a smaller one whole.  Moved whole, the NVML host's target (which holds the GPU
-#: series joined across a fleet: 6.8 M samples an hour at 1,000 targets) took the collector
-#: from 350 to 618 MiB every hour.
-TRANSPOSE_WHOLE = 4
 
 #: The log is moved an hour at a time (``store.chunks.WINDOW_MS``), this long after the hour
 #: ends (late samples of the hour still reach it first; compaction, which merges a window's
@@ -686,7 +692,7 @@ class _Group(NamedTuple):
 def _groups(engine: Engine, seqs: Any, cutoff: int) -> list[_Group]:
     """The move's transactions: whole targets up to :data:`TRANSPOSE_SAMPLES` samples (their
     series' chunks then land side by side in ``sample_chunks``), and a target holding more
-    than :data:`TRANSPOSE_WHOLE` times that a few names at a time."""
+    than that a few names at a time."""
     c, o = t.sample_log.c, t.sample_log_owners.c
     # Summed per owner (an integer: the smallest thing to sort), then each owner's target
     # joined, in target order: read as it streams, a target at a time (a fleet's hour is
@@ -706,7 +712,7 @@ def _groups(engine: Engine, seqs: Any, cutoff: int) -> list[_Group]:
                           "moved anyway", cutoff)
             sizes = [(int(owner), int(n)) for _, owner, n in rows]
             total = sum(n for _, n in sizes)
-            if total <= TRANSPOSE_WHOLE * TRANSPOSE_SAMPLES or target is None:
+            if total <= TRANSPOSE_SAMPLES or target is None:
                 units.append((None, [owner for owner, _ in sizes], total))
             else:
                 units += [(str(target), [owner], n) for owner, n in sizes]
@@ -714,13 +720,15 @@ def _groups(engine: Engine, seqs: Any, cutoff: int) -> list[_Group]:
     size = 0
     kind: str | None = ""  # the last group's: None (whole targets) or its target
     for kind_of, owners, n in units:
-        # A group holds whole targets, or names of one target.
-        if not groups or size >= TRANSPOSE_SAMPLES or kind_of != kind:
-            groups.append(_Group(list(owners)))
-            size, kind = n, kind_of
+        # A group holds whole targets, or names of one target, and only as many as fit: a
+        # group over the budget is decoded once more for its ranges and once per range
+        # (_move), where the units that would not fit start the next group.
+        if groups and kind_of == kind and size + n <= TRANSPOSE_SAMPLES:
+            groups[-1].owners.extend(owners)
+            size += n
             continue
-        groups[-1].owners.extend(owners)
-        size += n
+        groups.append(_Group(list(owners)))
+        size, kind = n, kind_of
     return groups
 
 

@@ -239,7 +239,7 @@ def test_the_last_write_wins_across_the_log_and_the_chunks(make_store) -> None:
 def test_moving_in_small_transactions_moves_whole_targets(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(samplelog, "TRANSPOSE_SAMPLES", 10)
+    monkeypatch.setattr(samplelog, "TRANSPOSE_SAMPLES", 13)
     for k in range(3):
         for target in ("a", "b", "c", "d"):
             store.write(target, T + k * 15, [Sample("x", (), float(k)), Sample("y", (), 1.0)])
@@ -256,7 +256,7 @@ def test_moving_in_small_transactions_moves_whole_targets(
 
     monkeypatch.setattr(samplelog, "_move", counting)
     assert _move(store) == 24
-    # 6 samples per target: the second target fills the budget.
+    # 6 samples per target: two fit the budget, a third would not.
     assert [_owned_by(store, g) for g in groups] == [
         [(a, n) for a in targets for n in "xy"] for targets in ("ab", "cd")]
     assert _table_counts(store) == (0, 8)
@@ -286,12 +286,52 @@ def test_a_target_larger_than_a_move_transaction_is_moved_a_few_names_at_a_time(
 
     monkeypatch.setattr(samplelog, "_move", recording)
     assert _move(store) == 3 * 3 * 2 + 3
-    # "big" holds 18 samples, more than TRANSPOSE_WHOLE (4) budgets: moved by name, each of
-    # its names (6 samples) filling the budget alone; "small" whole.
+    # "big" holds 18 samples, more than the budget (4): moved by name, each of its names (6
+    # samples) filling the budget alone; "small" whole.
     assert [_owned_by(store, g) for g in groups] == [
         [("big", "x")], [("big", "y")], [("big", "z")], [("small", "x")]]
     assert _table_counts(store)[0] == 0
     assert {n: store.read(Query(n, start=T, end=T + 60)).series() for n in names} == before
+
+
+def test_a_target_just_over_the_budget_is_cut_between_names_each_row_decoded_once(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An hour of a Triton of 566 series at 15 s (135,840 samples) is about twice the budget.
+    # Moved whole, its rows were decoded once to cut its series into ranges and once more per
+    # range; cut between its names, each row is decoded once, into the same chunks.
+    monkeypatch.setattr(samplelog, "TRANSPOSE_SAMPLES", 10)
+    for k in range(4):
+        store.write("t", T + k * 15, [Sample(n, (("i", str(i)),), float(k + i))
+                                      for n in ("x", "y") for i in range(2)])
+        store.write("u", T + k * 15, [Sample("x", (), float(k))])
+        store.flush()
+    before = {n: store.read(Query(n, start=T, end=T + 60)).series() for n in "xy"}
+    groups: list[samplelog._Group] = []
+    decoded: list[int] = []
+    real_move, real_rows = samplelog._move, samplelog._Rows
+
+    def recording(conn, seqs, cutoff, group, *, redo):
+        groups.append(group)
+        return real_move(conn, seqs, cutoff, group, redo=redo)
+
+    def counting(seqs, datas):
+        decoded.extend(seqs)
+        return real_rows(seqs, datas)
+
+    monkeypatch.setattr(samplelog, "_move", recording)
+    monkeypatch.setattr(samplelog, "_Rows", counting)
+    # "t" holds 16 samples (under twice the budget): a group per name (8 samples: two would
+    # not fit), not one whole.
+    assert _move(store) == 16 + 4
+    assert [_owned_by(store, g) for g in groups] == [[("t", "x")], [("t", "y")], [("u", "x")]]
+    assert len(decoded) == _rows_moved(groups) == 3 * 4  # a row per owner and flush, once
+    assert _table_counts(store) == (0, 5)
+    assert {n: store.read(Query(n, start=T, end=T + 60)).series() for n in "xy"} == before
+
+
+def _rows_moved(groups: list[samplelog._Group]) -> int:
+    return 4 * sum(len(g.owners) for g in groups)  # this test's four flushes
 
 
 def _log(store: Store) -> list[tuple[str, str, int, int]]:
@@ -355,7 +395,7 @@ def test_a_move_that_crashed_before_deleting_its_rows_is_done_again_cleanly(
 def test_a_move_stopped_between_groups_deletes_the_rows_of_the_groups_it_moved(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(samplelog, "TRANSPOSE_SAMPLES", 10)
+    monkeypatch.setattr(samplelog, "TRANSPOSE_SAMPLES", 12)  # two targets of 6 samples
     before = _fill_four_targets(store)
     asked = [0]
 
