@@ -277,14 +277,7 @@ def test_a_target_larger_than_a_move_transaction_is_moved_a_few_names_at_a_time(
         store.write("small", T + k * 15, [Sample("x", (), float(k))])
         store.flush()
     before = {n: store.read(Query(n, start=T, end=T + 60)).series() for n in names}
-    groups: list[samplelog._Group] = []
-    real = samplelog._move
-
-    def recording(conn, seqs, cutoff, group, *, redo):
-        groups.append(group)
-        return real(conn, seqs, cutoff, group, redo=redo)
-
-    monkeypatch.setattr(samplelog, "_move", recording)
+    groups = _record_groups(monkeypatch)
     assert _move(store) == 3 * 3 * 2 + 3
     # "big" holds 18 samples, more than the budget (4): moved by name, each of its names (6
     # samples) filling the budget alone; "small" whole.
@@ -307,31 +300,36 @@ def test_a_target_just_over_the_budget_is_cut_between_names_each_row_decoded_onc
         store.write("u", T + k * 15, [Sample("x", (), float(k))])
         store.flush()
     before = {n: store.read(Query(n, start=T, end=T + 60)).series() for n in "xy"}
-    groups: list[samplelog._Group] = []
+    groups = _record_groups(monkeypatch)
     decoded: list[int] = []
-    real_move, real_rows = samplelog._move, samplelog._Rows
-
-    def recording(conn, seqs, cutoff, group, *, redo):
-        groups.append(group)
-        return real_move(conn, seqs, cutoff, group, redo=redo)
+    real_rows = samplelog._Rows
 
     def counting(seqs, datas):
         decoded.extend(seqs)
         return real_rows(seqs, datas)
 
-    monkeypatch.setattr(samplelog, "_move", recording)
     monkeypatch.setattr(samplelog, "_Rows", counting)
     # "t" holds 16 samples (under twice the budget): a group per name (8 samples: two would
     # not fit), not one whole.
     assert _move(store) == 16 + 4
     assert [_owned_by(store, g) for g in groups] == [[("t", "x")], [("t", "y")], [("u", "x")]]
-    assert len(decoded) == _rows_moved(groups) == 3 * 4  # a row per owner and flush, once
+    # A row per owner and flush (four flushes), each decoded once.
+    assert len(decoded) == 4 * sum(len(g.owners) for g in groups) == 3 * 4
     assert _table_counts(store) == (0, 5)
     assert {n: store.read(Query(n, start=T, end=T + 60)).series() for n in "xy"} == before
 
 
-def _rows_moved(groups: list[samplelog._Group]) -> int:
-    return 4 * sum(len(g.owners) for g in groups)  # this test's four flushes
+def _record_groups(monkeypatch: pytest.MonkeyPatch) -> list[samplelog._Group]:
+    """The groups the next moves take, in order (``samplelog._move`` recorded, then run)."""
+    groups: list[samplelog._Group] = []
+    real = samplelog._move
+
+    def recording(conn, seqs, cutoff, group, *, redo):
+        groups.append(group)
+        return real(conn, seqs, cutoff, group, redo=redo)
+
+    monkeypatch.setattr(samplelog, "_move", recording)
+    return groups
 
 
 def _log(store: Store) -> list[tuple[str, str, int, int]]:
