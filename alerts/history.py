@@ -278,6 +278,34 @@ class BucketHistory:
         self.lo, self.hi = lo, hi
         return True
 
+    def advance_and_read_on(self, store: Store, lo: float, hi: float, end: float
+                            ) -> tuple[list[GroupKey], F64] | None:
+        """:meth:`advance` to ``[lo, hi)`` where that slides the held range on, reading what
+        is new together with ``[hi, end]`` (one read, one lookup of the series, instead of
+        two); returns the groups with a point in the whole read and their buckets of
+        ``[hi, end]`` (a column per step from ``hi``).  None, having read nothing, where the
+        range does not slide on (the first read, a jump, or more than :data:`READ_SLICE_S`
+        to read): the caller advances and reads the rest itself."""
+        if (self.lo is None or self.hi is None or lo < self.lo or hi < self.hi
+                or lo >= self.hi or end - self.hi > READ_SLICE_S):
+            return None
+        start, step = self.hi, self.step
+        n_new = self._slots(start, hi)
+        keys, grid = group_grid(
+            read_columns(store, self.names, start=start, end=end, step=step, match=self.match),
+            self.by, lo=start, n=self._slots(start, floor_to(end, step) + step), step=step,
+            how=self.how)
+        self.reads += 1
+        if (lo, hi) != (self.lo, self.hi):
+            new = grid[:, :n_new]
+            if not _fits(new):
+                self._dtype = np.float64
+            kept = self.values[:, self._slots(self.lo, lo):]
+            self._hold(*drop_empty(*join_columns(self.keys, self.rows, kept, keys, new,
+                                                 dtype=self._dtype)))
+            self.lo, self.hi = lo, hi
+        return keys, grid[:, n_new:]
+
     def timestamps(self) -> F64:
         """Start of each slot (unix s)."""
         assert self.lo is not None and self.hi is not None
@@ -290,11 +318,22 @@ GRACE_S = 120.0
 
 
 class RecentBuckets:
-    """Buckets of ``[start, now]`` for a window that ends now (a regression's recent 15 min, a
-    forecast's 30 min): whole buckets up to the last grid line at least :data:`GRACE_S` old
-    come from a :class:`BucketHistory` (each read once), only the rest (at most a quantum plus
-    the grace) is read on every evaluation.  Only whole buckets are returned: those starting
-    at or after ``start``."""
+    """Buckets of ``[start, now]`` for a window that ends now (a regression's recent 5 min, a
+    forecast's 30 min): whole buckets up to the last step at least :data:`GRACE_S` old come
+    from a :class:`BucketHistory` (each read once), only the rest (at most a step plus the
+    grace) is read on every evaluation.  Only whole buckets are returned: those starting at or
+    after ``start``.
+
+    Why the kept part moves a step at a time, not a quantum (5 minutes) like the long
+    baselines, and is slid on by the same read as the rest.  What is not kept is read raw on
+    every evaluation: on the quantum grid that was 2 to 7 minutes (from up to 5 minutes
+    before ``start``), nearly all of a 5-minute window every 30 s, plus a read of the kept
+    part's new slice every 5 minutes; on the step grid it is 2 to 3 minutes, and one read
+    (:meth:`BucketHistory.advance_and_read_on`: one lookup of the series, a fifth of such a
+    read across a fleet, not two) gives both the kept part's new buckets and the rest.  The
+    kept part is a few dozen buckets per group, so joining a step to it each minute costs
+    little.  In a py-spy profile of a 1,000-target fleet's ``serve``, these reads were a third
+    of the rules' evaluation CPU."""
 
     def __init__(
         self,
@@ -324,15 +363,19 @@ class RecentBuckets:
         h = self.history
         step = h.step
         first = ceil_to(start, step)
-        lo = floor_to(first, quantum_for(step))
-        split = max(floor_to(now - GRACE_S, quantum_for(step)), lo)
-        h.advance(store, lo, split)
+        lo = first
+        split = max(floor_to(now - GRACE_S, step), lo)
         n_hist = h._slots(lo, split)
         n_tail = h._slots(split, floor_to(now, step) + step)
-        tail_keys, tail = group_grid(
-            read_columns(store, h.names, start=split, end=now, step=step, match=h.match),
-            h.by, lo=split, n=n_tail, step=step, how=h.how,
-        ) if n_tail else ([], np.empty((0, 0)))
+        found = h.advance_and_read_on(store, lo, split, now) if n_tail else None
+        if found is not None:
+            tail_keys, tail = found
+        else:
+            h.advance(store, lo, split)
+            tail_keys, tail = group_grid(
+                read_columns(store, h.names, start=split, end=now, step=step, match=h.match),
+                h.by, lo=split, n=n_tail, step=step, how=h.how,
+            ) if n_tail else ([], np.empty((0, 0)))
         stamps = lo + step * np.arange(n_hist + n_tail, dtype=float)
         keep = stamps >= first
         keys, grid = join_columns(h.keys, h.rows, h.values, tail_keys, tail)

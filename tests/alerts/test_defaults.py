@@ -386,10 +386,13 @@ def test_forecast_keeps_old_buckets_and_agrees_with_a_fresh_read(store: Store) -
             np.testing.assert_allclose(got[key][1], y, rtol=1e-12)
         seen += len(fresh)
         kept.evaluate(store, now)
-        # Per evaluation only the buckets after the last grid line 2 min back are read.
-        assert counting.calls[-1][3] - counting.calls[-1][2] <= 300 + 120 + 30
-    # 20 minutes: the kept part read once at first, then once per 5 minutes.
-    assert kept._recent is not None and kept._recent.history.reads <= 1 + 5
+        # Per evaluation one read, from where the kept part ended (the last step 2 min back at
+        # the evaluation before): no more than a step, the grace and the 30 s since.
+        assert len(counting.calls) == (2 if i == 0 else i + 2)
+        assert counting.calls[-1][3] - counting.calls[-1][2] <= 60 + 120 + 30
+    # 20 minutes: the kept part read whole at first, then slid on by every read after it (two
+    # per ``now``: ``evaluate`` reads through the store itself, not the counting one).
+    assert kept._recent is not None and kept._recent.history.reads == 2 * 40
     assert seen >= 40
 
 

@@ -241,3 +241,49 @@ def test_slices_on_the_quantum_grid_give_whole_buckets(store: Store, step: float
     whole.advance(store, lo + q, lo + 5 * q)
     for key, arr in whole.data.items():
         np.testing.assert_allclose(hist.data[key], arr)
+
+
+@pytest.mark.parametrize("step", [60.0, 45.0])
+def test_a_recent_window_reads_once_per_evaluation_only_what_is_new_and_equals_a_whole_read(
+    store: Store, step: float,
+) -> None:
+    # A store whose "b" series stops half-way: a group that leaves the kept part first.
+    fill(store, T0, T0 + 2 * 3600, gone_after=T0 + 5400)
+    counting = CountingStore(store)
+    recent = history.RecentBuckets("x", step=step, by=("model",))
+    window = 900.0
+    prev_split = None
+    for i in range(120):  # every 30 s, as serve evaluates, over an hour
+        now = T0 + 3000.0 + 30.0 * i + 7.0  # off any grid
+        start = now - window
+        calls = len(counting.calls)
+        stamps, got = recent.read(counting.as_store(), start, now)
+        assert recent.read(counting.as_store(), start, now)[1] is got  # the same read again
+        new = counting.calls[calls:]
+        split = max(history.floor_to(now - history.GRACE_S, step),
+                    history.ceil_to(start, step))
+        if prev_split is None:  # the first: the kept part whole, then the rest
+            assert len(new) == 2
+        else:
+            # One read: what the kept part gained with the rest of the window, from where it
+            # ended, so no more than a step and the grace (and the 30 s since) raw.
+            assert len(new) == 1
+            assert new[0][2] == prev_split and new[0][3] == now
+            assert now - new[0][2] <= history.GRACE_S + step + 30.0
+        prev_split = split
+        # Equal to the window read whole: the kept buckets as float32, the rest as read.
+        first = history.ceil_to(start, step)
+        n = round((history.floor_to(now, step) + step - first) / step)
+        keys, whole = group_grid(
+            store.read(Query("x", start=first, end=now, step=step, agg="avg")), ("model",),
+            lo=first, n=n, step=step, how="mean")
+        np.testing.assert_array_equal(stamps, first + step * np.arange(n))
+        assert sorted(got) == sorted(k for k, row in zip(keys, whole, strict=True)
+                                     if not np.isnan(row).all())
+        kept = round((split - first) / step)
+        for key, row in zip(keys, whole, strict=True):
+            if key in got:
+                np.testing.assert_array_equal(got[key][:kept],
+                                              row[:kept].astype(np.float32))
+                np.testing.assert_array_equal(got[key][kept:], row[kept:])
+    assert recent.history.reads == 120
