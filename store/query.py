@@ -108,18 +108,27 @@ def find_series(
     # reader's series cache) and a fleet's keys repeat a few hundred names and targets, so
     # they share one string each.
     texts: dict[str, str] = {}
-    for row in conn.execute(query):
-        labels = parse_labels(row.labels)
-        if match and any(label_value(labels, k, "") != v for k, v in match.items()):
-            continue
-        if where is not None and not where(row.target, row.name, labels):
-            continue
-        target_text = texts.setdefault(row.target, row.target)
-        found.append((row.id, SeriesKey(target_text, texts.setdefault(row.name, row.name),
-                                        labels)))
-        if max_series is not None and len(found) > max_series:
-            raise LimitExceeded(f"the query selects more than {max_series:,} series",
-                                what="series", limit=max_series)
+    text = texts.setdefault
+    # The driver's rows, a batch at a time: a name across a fleet is tens of thousands of
+    # series, and the alert rules look several up every evaluation.  SQLAlchemy's Row per row
+    # was a third of such a lookup's CPU (``bench.alerts_eval --profile``, 300 targets).
+    result = conn.execute(query)
+    try:
+        cursor = result.cursor
+        while rows := cursor.fetchmany(SCAN_BATCH):
+            for sid, target_text, name_text, labels_text in rows:
+                labels = parse_labels(labels_text)
+                if match and any(label_value(labels, k, "") != v for k, v in match.items()):
+                    continue
+                if where is not None and not where(target_text, name_text, labels):
+                    continue
+                found.append((sid, SeriesKey(text(target_text, target_text),
+                                             text(name_text, name_text), labels)))
+                if max_series is not None and len(found) > max_series:
+                    raise LimitExceeded(f"the query selects more than {max_series:,} series",
+                                        what="series", limit=max_series)
+    finally:
+        result.close()
     found.sort(key=lambda item: item[1])
     return found
 

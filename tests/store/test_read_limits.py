@@ -117,3 +117,28 @@ def test_health_pages_of_configured_targets(store: Store) -> None:
     rest = store.health(targets={"a", "c", "d"}, after=("c", "api"), limit=10)
     assert [(h.target, h.source) for h in rest] == [("c", "metrics"), ("d", "api"),
                                                     ("d", "metrics")]
+
+
+def test_a_lookup_read_in_batches_finds_every_series_once_in_key_order(
+    store: Store, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The series table is read a batch of driver rows at a time (query.SCAN_BATCH): batches
+    # of 4 rows over 36 series, with a match and a series cap cutting across them.
+    from tritonwatch.store import query
+
+    monkeypatch.setattr(query, "SCAN_BATCH", 4)
+    for target in ("c", "a", "b"):
+        store.write(target, T0, [Sample("x", make_labels({**lbl, "k": k}), 1.0)
+                                 for lbl in LABELS for k in ("0", "1")])
+    store.flush()
+    every = store.series(Query("x"))
+    assert len(every) == 36 and len(set(every)) == 36
+    assert every == sorted(every)
+    assert [k.target for k in every] == ["a"] * 12 + ["b"] * 12 + ["c"] * 12
+    only = store.series(Query("x", match={"k": "1", "i": "2"}))
+    assert [(k.target, dict(k.labels)) for k in only] == [
+        (t, lbl) for t in "abc"
+        for lbl in ({"i": "2", "k": "1"}, {"i": "2", "k": "1", "z": 'q"u\\o'})]
+    assert len(store.series(Query("x", max_series=36))) == 36
+    with pytest.raises(LimitExceeded):
+        store.series(Query("x", match={"k": "0"}, max_series=17))
