@@ -269,41 +269,49 @@ class BucketHistory:
             return False
         if self.lo is None or self.hi is None or lo < self.lo or hi < self.hi or lo >= self.hi:
             self._hold(*self._read(store, lo, hi))
+            self.lo, self.hi = lo, hi
         else:
-            kept = self.values[:, self._slots(self.lo, lo):]
-            new_keys, new = self._read(store, self.hi, hi)  # may widen ``_dtype``: first
-            # A group with nothing left in the window goes.
-            self._hold(*drop_empty(*join_columns(self.keys, self.rows, kept, new_keys, new,
-                                                 dtype=self._dtype)))
-        self.lo, self.hi = lo, hi
+            self._slide(lo, hi, *self._read(store, self.hi, hi))  # may widen ``_dtype``: first
         return True
 
+    def _slide(self, lo: float, hi: float, new_keys: list[GroupKey], new: Grid) -> None:
+        """Hold ``[lo, hi)``: what is held from ``lo`` on, then ``new`` (the buckets of the
+        old ``hi`` to ``hi``).  A group with nothing left in the window goes."""
+        assert self.lo is not None
+        kept = self.values[:, self._slots(self.lo, lo):]
+        self._hold(*drop_empty(*join_columns(self.keys, self.rows, kept, new_keys, new,
+                                             dtype=self._dtype)))
+        self.lo, self.hi = lo, hi
+
     def advance_and_read_on(self, store: Store, lo: float, hi: float, end: float
-                            ) -> tuple[list[GroupKey], F64] | None:
-        """:meth:`advance` to ``[lo, hi)`` where that slides the held range on, reading what
-        is new together with ``[hi, end]`` (one read, one lookup of the series, instead of
-        two); returns the groups with a point in the whole read and their buckets of
-        ``[hi, end]`` (a column per step from ``hi``).  None, having read nothing, where the
-        range does not slide on (the first read, a jump, or more than :data:`READ_SLICE_S`
-        to read): the caller advances and reads the rest itself."""
+                            ) -> tuple[list[GroupKey], F64]:
+        """:meth:`advance` to ``[lo, hi)``, and the groups and buckets of ``[hi, end]`` (a
+        column per step from ``hi``; groups of the whole read, some with no point there).
+
+        Where the held range slides on, one read (one lookup of the series, not two) gives
+        both what is new of it and ``[hi, end]``.  The first read, a jump, or more than
+        :data:`READ_SLICE_S` to read advance as :meth:`advance` does, then read the rest."""
+        step = self.step
+        n_rest = self._slots(hi, floor_to(end, step) + step)
         if (self.lo is None or self.hi is None or lo < self.lo or hi < self.hi
-                or lo >= self.hi or end - self.hi > READ_SLICE_S):
-            return None
-        start, step = self.hi, self.step
+                or lo >= self.hi or end - self.hi > READ_SLICE_S or not n_rest):
+            self.advance(store, lo, hi)
+            if not n_rest:
+                return [], np.empty((0, 0))
+            return group_grid(
+                read_columns(store, self.names, start=hi, end=end, step=step, match=self.match),
+                self.by, lo=hi, n=n_rest, step=step, how=self.how)
+        start = self.hi
         n_new = self._slots(start, hi)
         keys, grid = group_grid(
             read_columns(store, self.names, start=start, end=end, step=step, match=self.match),
-            self.by, lo=start, n=self._slots(start, floor_to(end, step) + step), step=step,
-            how=self.how)
+            self.by, lo=start, n=n_new + n_rest, step=step, how=self.how)
         self.reads += 1
         if (lo, hi) != (self.lo, self.hi):
             new = grid[:, :n_new]
             if not _fits(new):
                 self._dtype = np.float64
-            kept = self.values[:, self._slots(self.lo, lo):]
-            self._hold(*drop_empty(*join_columns(self.keys, self.rows, kept, keys, new,
-                                                 dtype=self._dtype)))
-            self.lo, self.hi = lo, hi
+            self._slide(lo, hi, keys, new)
         return keys, grid[:, n_new:]
 
     def timestamps(self) -> F64:
@@ -363,24 +371,11 @@ class RecentBuckets:
         h = self.history
         step = h.step
         first = ceil_to(start, step)
-        lo = first
-        split = max(floor_to(now - GRACE_S, step), lo)
-        n_hist = h._slots(lo, split)
-        n_tail = h._slots(split, floor_to(now, step) + step)
-        found = h.advance_and_read_on(store, lo, split, now) if n_tail else None
-        if found is not None:
-            tail_keys, tail = found
-        else:
-            h.advance(store, lo, split)
-            tail_keys, tail = group_grid(
-                read_columns(store, h.names, start=split, end=now, step=step, match=h.match),
-                h.by, lo=split, n=n_tail, step=step, how=h.how,
-            ) if n_tail else ([], np.empty((0, 0)))
-        stamps = lo + step * np.arange(n_hist + n_tail, dtype=float)
-        keep = stamps >= first
-        keys, grid = join_columns(h.keys, h.rows, h.values, tail_keys, tail)
-        keys, grid = drop_empty(keys, grid[:, keep])
-        out = stamps[keep], dict(zip(keys, grid, strict=True))
+        split = max(floor_to(now - GRACE_S, step), first)
+        tail_keys, tail = h.advance_and_read_on(store, first, split, now)
+        n = h._slots(first, split) + h._slots(split, floor_to(now, step) + step)
+        keys, grid = drop_empty(*join_columns(h.keys, h.rows, h.values, tail_keys, tail))
+        out = first + step * np.arange(n, dtype=float), dict(zip(keys, grid, strict=True))
         self._last = (store, start, now, out)
         self.memo = {}
         return out
