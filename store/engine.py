@@ -31,7 +31,7 @@ import socket
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -433,12 +433,13 @@ def transaction(engine: Engine, *, write: bool) -> Iterator[Connection]:
             yield conn
 
 
-def fetch_tuples(conn: Connection, statement: Any) -> Sequence[Any]:
-    """Every row of ``statement`` as the driver returns it (tuples), for the reads that fetch
-    many rows of plain columns (integers and blobs: no result type to convert).  SQLAlchemy
-    builds a ``Row`` for each row of ``.all()``: at 100 targets the hourly move fetched 2.2 M
-    log rows and spent 1.1 of its 10 s of CPU building them."""
-    result = conn.execute(statement)
+def fetch_tuples(conn: Connection, statement: Any,
+                 params: Mapping[str, Any] | None = None) -> Sequence[Any]:
+    """Every row of ``statement`` (with ``params`` bound) as the driver returns it (tuples),
+    for the reads that fetch many rows of plain columns (integers and blobs: no result type
+    to convert).  SQLAlchemy builds a ``Row`` for each row of ``.all()``: at 100 targets the
+    hourly move fetched 2.2 M log rows and spent 1.1 of its 10 s of CPU building them."""
+    result = conn.execute(statement, params)
     try:
         return result.cursor.fetchall()
     finally:

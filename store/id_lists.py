@@ -13,11 +13,13 @@ parameters).  PostgreSQL keeps the literals (see :func:`in_ids`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
 from sqlalchemy import BigInteger, Connection, bindparam, func, literal_column, select
+from sqlalchemy.sql import Executable
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.types import Text
 
@@ -35,3 +37,42 @@ def in_ids(conn: Connection, column: Any, ids: Sequence[int]) -> ColumnElement[b
     listed = select(literal_column("value", BigInteger)).select_from(
         func.json_each(bindparam(None, text, type_=Text)))
     return column.in_(listed)  # type: ignore[no-any-return]
+
+
+#: The name of the bound id list in the statements of :func:`prepared`.
+IDS = "ids"
+
+
+def ids_param(dialect: str, column: Any) -> ColumnElement[bool]:
+    """``column IN :ids`` as :func:`in_ids` renders it on ``dialect``, with the list bound at
+    execution (:func:`ids_value`): PostgreSQL's an expanding parameter (SQLAlchemy renders the
+    list into the text at each execution, as ``column.in_(list)`` does), SQLite's one JSON
+    array."""
+    if dialect == "postgresql":
+        return column.in_(bindparam(IDS, expanding=True))  # type: ignore[no-any-return]
+    listed = select(literal_column("value", BigInteger)).select_from(
+        func.json_each(bindparam(IDS, type_=Text)))
+    return column.in_(listed)  # type: ignore[no-any-return]
+
+
+def ids_value(conn: Connection, ids: Sequence[int]) -> Any:
+    """What :func:`ids_param`'s parameter is bound to for ``ids`` on ``conn``'s backend."""
+    values = ids.tolist() if isinstance(ids, np.ndarray) else list(map(int, ids))
+    if conn.dialect.name == "postgresql":
+        return values
+    return "[" + ",".join(map(str, values)) + "]"
+
+
+@lru_cache(maxsize=64)
+def prepared(build: Callable[[str], Executable], dialect: str) -> Executable:
+    """The statement ``build`` makes for ``dialect``, built once and reused with bound
+    parameters.
+
+    The reads the alert rules issue per batch of series (the sample log's rows and the
+    chunks of a window, hundreds a 300-target evaluation) each built their ``select`` anew:
+    SQLAlchemy then coerced every clause and computed the statement's cache key again before
+    finding its compiled form in the cache, some 0.4 ms of CPU a statement (measured on the
+    log's read of 250 series: 2.54 ms built every time, 2.15 reused, 2.10 on the driver's
+    cursor).  A statement object is immutable and its cache key memoized, so one is shared
+    by every thread."""
+    return build(dialect)

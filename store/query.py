@@ -20,7 +20,18 @@ from typing import Any, Literal, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
-from sqlalchemy import BigInteger, Connection, Table, cast, func, literal, select, tuple_
+from sqlalchemy import (
+    BigInteger,
+    Connection,
+    Select,
+    Table,
+    bindparam,
+    cast,
+    func,
+    literal,
+    select,
+    tuple_,
+)
 
 from tritonwatch.schemas import tables as t
 from tritonwatch.schemas.samples import Labels, label_value, labels_json, make_labels
@@ -38,7 +49,7 @@ from tritonwatch.store.chunks import (
 )
 from tritonwatch.store.engine import fetch_tuples
 from tritonwatch.store.errors import LimitExceeded
-from tritonwatch.store.id_lists import in_ids
+from tritonwatch.store.id_lists import IDS, ids_param, ids_value, in_ids, prepared
 from tritonwatch.store.values import SeriesColumns, SeriesKey
 
 Agg = Literal["avg", "min", "max", "sum", "count", "last"]
@@ -220,14 +231,9 @@ def raw_samples(conn: Connection, ids: Sequence[int], *, lo_ms: int, hi_ms: int)
     span (``store.chunks``).
     """
     logged = samplelog.read(conn, ids, lo_ms=lo_ms, hi_ms=hi_ms)
-    c = t.sample_chunks.c
-    query = select(c.series_id, c.start_ms, c.seq, c.n, c.data).where(
-        in_ids(conn, c.series_id, ids),
-        c.start_ms >= span_start(lo_ms),
-        c.start_ms <= hi_ms,
-        c.end_ms >= lo_ms,
-    )
-    rows = fetch_tuples(conn, query)
+    rows = fetch_tuples(conn, prepared(_chunk_rows, conn.dialect.name), {
+        IDS: ids_value(conn, ids), "span_ms": span_start(lo_ms), "lo_ms": lo_ms,
+        "hi_ms": hi_ms})
     if not len(logged[0]):
         return merge_rows(rows, lo_ms=lo_ms, hi_ms=hi_ms, conn=conn)
     stored = _empty_columns()
@@ -239,6 +245,18 @@ def raw_samples(conn: Connection, ids: Sequence[int], *, lo_ms: int, hi_ms: int)
                         shared=shared_timestamps(conn, starts, blobs))
     both = [np.concatenate([a, b]) for a, b in zip(stored, logged, strict=True)]
     return last_writes(both[0], both[1], both[2], both[3], lo_ms=lo_ms, hi_ms=hi_ms)
+
+
+def _chunk_rows(dialect: str) -> Select[Any]:
+    """The stored chunks of the series bound as ``ids`` that overlap ``[lo_ms, hi_ms]``, from
+    ``span_ms`` (the span of ``lo_ms``) on: built once per backend (``id_lists.prepared``)."""
+    c = t.sample_chunks.c
+    return select(c.series_id, c.start_ms, c.seq, c.n, c.data).where(
+        ids_param(dialect, c.series_id),
+        c.start_ms >= bindparam("span_ms"),
+        c.start_ms <= bindparam("hi_ms"),
+        c.end_ms >= bindparam("lo_ms"),
+    )
 
 
 def _empty_columns() -> samplelog.Columns:

@@ -136,13 +136,14 @@ class Reader:
             raise QueryError(f"step must be a positive number of seconds, got {q.step!r}")
 
     def _columns(self, conn: Connection, q: Query, found: query.Candidates, lo: int,
-                 hi: int) -> SeriesColumns:
-        """``found``'s raw samples or buckets (``q.step``) in ``[lo, hi]`` (milliseconds)."""
+                 hi: int, marks: dict[int, int] | None = None) -> SeriesColumns:
+        """``found``'s raw samples or buckets (``q.step``) in ``[lo, hi]`` (milliseconds);
+        ``marks``: the rollup watermarks, when the caller has read them in this transaction."""
         if q.step is None:
             return query.raw_columns(conn, found, lo_ms=lo, hi_ms=hi)
         return query.bucket_columns(
             conn, found, lo_ms=lo, hi_ms=hi, step_ms=round(q.step * 1000), agg=str(q.agg),
-            watermarks=self._watermarks(conn),
+            watermarks=self._watermarks(conn) if marks is None else marks,
         )
 
     def _check_samples(self, conn: Connection, q: Query, found: query.Candidates, lo: int,
@@ -169,7 +170,10 @@ class Reader:
         self._check(q)
         found = self.find(conn, q)
         self._check_samples(conn, q, found, lo, hi)  # for the whole read, not each batch
-        return (self._columns(conn, q, found[i:i + batch], lo, hi)
+        # The watermarks once for every batch: they are read in the same transaction (one
+        # snapshot), and two statements a batch were a fifth of a bucketed read's statements.
+        marks = self._watermarks(conn) if q.step is not None and found else None
+        return (self._columns(conn, q, found[i:i + batch], lo, hi, marks)
                 for i in range(0, len(found), batch))
 
     def increase(self, conn: Connection, q: Query) -> list[tuple[SeriesKey, float, int, int]]:

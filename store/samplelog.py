@@ -54,10 +54,13 @@ from typing import Any, NamedTuple
 import numpy as np
 import numpy.typing as npt
 from sqlalchemy import (
+    BigInteger,
     Connection,
     Engine,
     MetaData,
+    Select,
     and_,
+    bindparam,
     delete,
     func,
     or_,
@@ -79,7 +82,7 @@ from tritonwatch.store.chunks import (
     window_start,
 )
 from tritonwatch.store.engine import fetch_tuples, transaction
-from tritonwatch.store.id_lists import in_ids
+from tritonwatch.store.id_lists import IDS, ids_param, ids_value, in_ids, prepared
 from tritonwatch.store.write import (
     PG_COPY_HEADER,
     PG_COPY_TRAILER,
@@ -450,34 +453,46 @@ def record_flush(conn: Connection, seq: int, start_ms: int, end_ms: int) -> None
     conn.execute(t.sample_log_flushes.insert().values(seq=seq, start_ms=start_ms, end_ms=end_ms))
 
 
-def _owned_rows(
-    conn: Connection, ids: Sequence[int], lo_ms: int, hi_ms: int, *cols: Any
-) -> Any:
-    """``SELECT cols`` of the log rows of the owners (targets and names) of the series ``ids``
-    that overlap ``[lo_ms, hi_ms]``.
+def _owned_rows(dialect: str, *cols: Any) -> Select[Any]:
+    """``SELECT cols`` of the log rows of the owners (targets and names) of the series bound
+    as ``ids`` that overlap ``[lo_ms, hi_ms]`` (the parameters: :func:`_owned_params`).
 
     The flushes overlapping the window first (``sample_log_flushes``: a few hundred rows at
     most), then the rows by their key: ``(seq, owner)`` seeks, as many as those flushes times
-    the owners, whatever else the log holds.  All as subqueries: one statement, which
-    SQLAlchemy compiles once (a list of seqs bound as parameters was compiled anew each time,
-    some 5 ms a read)."""
+    the owners, whatever else the log holds.  All as subqueries of one statement, built once
+    per backend (``id_lists.prepared``): a list of seqs bound as parameters was compiled anew
+    each time, some 5 ms a read."""
     c, s, f, o = t.sample_log.c, t.series.c, t.sample_log_flushes.c, t.sample_log_owners.c
-    seqs = select(f.seq).where(f.end_ms >= lo_ms, f.start_ms <= hi_ms)
-    named = select(s.target, s.name).where(in_ids(conn, s.id, ids)).distinct()
+    lo, hi = bindparam("lo_ms", type_=BigInteger), bindparam("hi_ms", type_=BigInteger)
+    seqs = select(f.seq).where(f.end_ms >= lo, f.start_ms <= hi)
+    named = select(s.target, s.name).where(ids_param(dialect, s.id)).distinct()
     owners = select(o.id).where(tuple_(o.target, o.name).in_(named))
     return select(*cols).where(
-        c.seq.in_(seqs), c.owner.in_(owners), c.end_ms >= lo_ms, c.start_ms <= hi_ms,
+        c.seq.in_(seqs), c.owner.in_(owners), c.end_ms >= lo, c.start_ms <= hi,
     )
+
+
+def _log_rows(dialect: str) -> Select[Any]:
+    return _owned_rows(dialect, t.sample_log.c.seq, t.sample_log.c.data)
+
+
+def _log_count(dialect: str) -> Select[Any]:
+    return _owned_rows(dialect, func.sum(t.sample_log.c.n))
+
+
+def _owned_params(conn: Connection, ids: Sequence[int], lo_ms: int, hi_ms: int
+                  ) -> dict[str, Any]:
+    return {IDS: ids_value(conn, ids), "lo_ms": lo_ms, "hi_ms": hi_ms}
 
 
 def read(conn: Connection, ids: Sequence[int], *, lo_ms: int, hi_ms: int) -> Columns:
     """The log's samples of the series ``ids`` in the chunks that overlap ``[lo_ms, hi_ms]``:
     ``(ids, ts, values, seqs)``, each sample with the ``seq`` of the flush that wrote it.
     Rows are found by the owners (targets and names) of ``ids``."""
-    c = t.sample_log.c
     rows: Sequence[Any] = []
     if ids:
-        rows = fetch_tuples(conn, _owned_rows(conn, ids, lo_ms, hi_ms, c.seq, c.data))
+        rows = fetch_tuples(conn, prepared(_log_rows, conn.dialect.name),
+                            _owned_params(conn, ids, lo_ms, hi_ms))
     return select_samples(
         [r[0] for r in rows], [bytes(r[1]) for r in rows], np.asarray(ids, np.int64),
         lo_ms=lo_ms, hi_ms=hi_ms,
@@ -489,8 +504,9 @@ def count_read(conn: Connection, ids: Sequence[int], *, lo_ms: int, hi_ms: int) 
     every series of the targets and names of ``ids``)."""
     if not ids:
         return 0
-    query = _owned_rows(conn, ids, lo_ms, hi_ms, func.sum(t.sample_log.c.n))
-    return int(conn.execute(query).scalar_one_or_none() or 0)
+    total = conn.execute(prepared(_log_count, conn.dialect.name),
+                         _owned_params(conn, ids, lo_ms, hi_ms)).scalar_one_or_none()
+    return int(total or 0)
 
 
 def select_samples(

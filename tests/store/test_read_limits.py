@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -142,3 +144,61 @@ def test_a_lookup_read_in_batches_finds_every_series_once_in_key_order(
     assert len(store.series(Query("x", max_series=36))) == 36
     with pytest.raises(LimitExceeded):
         store.series(Query("x", match={"k": "0"}, max_series=17))
+
+
+def test_reads_through_one_prepared_statement_each_get_their_own_series_and_window(
+    store: Store, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The log's and the chunks' reads are built once per backend (id_lists.prepared) and
+    # bound at each execution: reads of other ids and windows through the same statement
+    # objects must each answer for their own, from the log and from moved chunks alike.
+    from tests.store_sql import raw_engine
+    from tritonwatch.store import id_lists, maintenance, query, samplelog
+
+    for k in range(8):
+        store.write("a", T0 + 15 * k, [Sample("x", (("i", str(i)),), 100.0 * i + k)
+                                       for i in range(5)])
+        store.write("b", T0 + 15 * k, [Sample("x", (("i", str(i)),), -1.0 - i - k)
+                                       for i in range(3)])
+        store.flush()
+
+    def read(target: str, match: dict[str, str] | None, lo: float, hi: float
+             ) -> dict[str, list[tuple[float, float]]]:
+        cols = store.read(Query("x", target=target, match=match, start=lo, end=hi))
+        return {dict(s.labels)["i"]: list(zip(s.ts, s.values, strict=True))
+                for s in cols.series()}
+
+    def both_ways() -> None:
+        assert read("a", {"i": "3"}, T0 + 30, T0 + 60) == {
+            "3": [(T0 + 15 * k, 300.0 + k) for k in (2, 3, 4)]}
+        assert read("b", None, T0, T0 + 15) == {
+            str(i): [(T0, -1.0 - i), (T0 + 15, -2.0 - i)] for i in range(3)}
+        assert read("a", {"i": "9"}, T0, T0 + 120) == {}
+        buckets = store.read(Query("x", target="a", start=T0, end=T0 + 119, step=60,
+                                   agg="max"))
+        assert {dict(s.labels)["i"]: s.values for s in buckets.series()} == {
+            str(i): (100.0 * i + 3, 100.0 * i + 7) for i in range(5)}
+
+    both_ways()
+    statements = {id(id_lists.prepared(build, store.dialect))
+                  for build in (samplelog._log_rows, query._chunk_rows)}
+    assert len(statements) == 2
+    assert id_lists.prepared(samplelog._log_rows, store.dialect) is id_lists.prepared(
+        samplelog._log_rows, store.dialect)
+    # The hour moved into chunks: the same reads, now from the chunks' statement.
+    moved = samplelog.transpose(raw_engine(store), gate=nullcontext())
+    assert moved == 8 * 8
+    marks: list[int] = []
+    real = maintenance.watermarks
+
+    def counted(conn: Any) -> dict[int, int]:
+        marks.append(1)
+        return real(conn)
+
+    monkeypatch.setattr(maintenance, "watermarks", counted)
+    both_ways()
+    # A bucketed read of several batches reads the rollup watermarks once, not per batch.
+    marks.clear()
+    batches = list(store.read_batches(Query("x", start=T0, end=T0 + 119, step=60, agg="avg"),
+                                      batch=2))
+    assert len(batches) == 4 and marks == [1]
