@@ -39,6 +39,7 @@ from tritonwatch.alerts.stats import (
     is_regression,
     judge,
     regression_verdict,
+    sorted_median,
 )
 from tritonwatch.schemas.alerts import AlertCandidate
 from tritonwatch.schemas.regressions import RegressionSpec
@@ -228,9 +229,13 @@ def test_shortcuts_answer_as_the_plain_path(store: Store) -> None:
 
 
 def test_fast_median_is_np_median_bit_for_bit() -> None:
+    # Up to a 4-hour baseline of 1-minute buckets (the load models' medians), and past the
+    # length where it hands over to np.median.
     rng = np.random.default_rng(3)
     for i in range(20_000):
-        n = int(rng.integers(1, 80))
+        n = int(rng.integers(1, 80)) if i % 4 else int(rng.integers(80, 300))
+        if i % 997 == 0:
+            n = int(rng.integers(4000, 4200))
         x = rng.lognormal(0.0, 3.0, n) * rng.choice([1.0, -1.0], n)
         if i % 3 == 0:
             x = np.round(x, 1)  # ties
@@ -241,6 +246,11 @@ def test_fast_median_is_np_median_bit_for_bit() -> None:
         want = float(np.median(x))
         got = fast_median(x)
         assert got == want or (math.isnan(got) and math.isnan(want)), x
+        assert sorted_median(np.sort(x)) == want or math.isnan(want), x
+        if i % 5 == 0:  # np.nanmedian, as the load model takes it: the median less the NaNs
+            x[rng.random(n) < 0.3] = np.nan
+            if (~np.isnan(x)).any():
+                assert fast_median(x[~np.isnan(x)]) == float(np.nanmedian(x)), x
 
 
 def test_regression_verdict_is_judge_then_is_regression() -> None:
