@@ -438,7 +438,12 @@ class SourceEngine:
                 g_values, g_slot = g_values[g_usable], g_slot[g_usable]
             g_sums = np.bincount(g_slot, weights=g_values, minlength=len(plan.gauge_keys))
             g_list = g_sums.tolist()
-            for gid in np.unique(g_slot).tolist():
+            # Gauge keys are numbered as their first entry appears, so with every entry
+            # usable each number is there: np.unique of the plan's slots, without sorting them
+            # on every scrape.
+            gids: range | list[int] = (range(len(plan.gauge_keys)) if all_usable
+                                       else np.unique(g_slot).tolist())
+            for gid in gids:
                 a, key = plan.gauge_keys[gid]
                 acc_objs[a].g[key] = g_list[gid]
 

@@ -305,6 +305,25 @@ def test_a_plan_rebuilds_its_state_keys_from_its_shape():
                                  for i in plan.m_idx[plan.c_pos].tolist()]
 
 
+def test_every_gauge_key_of_a_plan_has_an_entry_numbered_in_order():
+    # accumulate() takes the gauge keys of a scrape whose every value is usable as
+    # range(len(gauge_keys)) instead of np.unique of the plan's slots: each key's number
+    # must appear among the slots, numbered as the keys first appear.
+    from tests.payloads import Template
+    from tritonwatch.collector.derive.accumulate import Plan
+    from tritonwatch.collector.derive.catalog import METRICS
+
+    shapes = [columns(list(snap(0.0, core(**KW0) + core(**KW0, labels={
+        "model": "b", "version": "2"})).families))[0],
+        parse_columns(Template(seed=1, models=3, gpus=2).render(0))[0]]
+    for shape in shapes:
+        plan = Plan(shape, METRICS)
+        slots = plan.g_slot.tolist()
+        assert plan.gauge_keys  # not vacuous
+        assert sorted(set(slots)) == list(range(len(plan.gauge_keys)))
+        assert [s for i, s in enumerate(slots) if s not in slots[:i]] == sorted(set(slots))
+
+
 def test_model_and_gpu_labels_of_derived_samples_are_shared_between_scrapes():
     d = Deriver("t")
     fams = list(snap(0.0, core(**KW0)).families)
