@@ -71,6 +71,8 @@ class Size:
     #: run's VmHWM so far): a peak of a fraction of a second between two samples is placed
     #: to within a second, which the serve log's lines of that second then explain.
     rss_timeline: list[tuple[float, float, float]]
+    #: Once a second: (s into the window, CPU s of the process since the window began).
+    cpu_timeline: list[tuple[float, float]]
     #: (s into the window, duration s) of every scrape slower than SLOW_SCRAPE_S
     slow_scrapes: list[tuple[float, float]]
     window_start: float  # wall-clock time the window began (s since the epoch)
@@ -129,8 +131,10 @@ def run_size(fleet: Fleet, targets: int, interval: float, duration: float,
             resets = reset_peak_rss(proc.pid)
             c0, t0, wall0 = process_tree_cpu(proc.pid), time.perf_counter(), time.time()
             timeline: list[tuple[float, float, float]] = []
+            cpu_timeline: list[tuple[float, float]] = []
             while (now := time.perf_counter()) < t0 + duration:
                 timeline.append((now - t0, rss_mib(proc.pid), peak_rss_mib(proc.pid)))
+                cpu_timeline.append((now - t0, process_tree_cpu(proc.pid) - c0))
                 if resets:
                     reset_peak_rss(proc.pid)
                 time.sleep(min(1.0, t0 + duration - now))
@@ -164,7 +168,7 @@ def run_size(fleet: Fleet, targets: int, interval: float, duration: float,
     short = sum(1 for i in range(targets) if found.get(f"triton-{i}", 0) < expected)
     down = sum(int(d or 0) for _, _, d in rows)
     return Size(targets, fleet.series, t1 - t0, expected, short, down, missed,
-                slowest, c1 - c0, peak, end_rss, phases, timeline, slow, wall0)
+                slowest, c1 - c0, peak, end_rss, phases, timeline, cpu_timeline, slow, wall0)
 
 
 #: A scrape slower than this is listed (issue 22: none slower than 5 s).
@@ -226,17 +230,26 @@ def print_memory_log(path: str, window_start: float, window_s: float, every: flo
 
 
 def print_timeline(timeline: list[tuple[float, float, float]], window_start: float,
-                   every: float = 300.0, top: int = 6) -> None:
+                   every: float = 300.0, top: int = 6,
+                   cpu: list[tuple[float, float]] | None = None) -> None:
     """RSS per ``every`` seconds of the window: lowest, highest and last sample, and the
-    highest high-water mark; then the ``top`` seconds with the highest marks (s into the
-    window, and the wall-clock time to find them in serve's log)."""
-    print(f"  RSS MiB per {every:g} s (min / max / last sample; high-water):")
+    highest high-water mark, and (``cpu``) the share of a core the process used in those
+    seconds; then the ``top`` seconds with the highest marks (s into the window, and the
+    wall-clock time to find them in serve's log)."""
+    cpu = cpu or []
+    print(f"  RSS MiB per {every:g} s (min / max / last sample; high-water)"
+          + ("; CPU % of a core" if cpu else "") + ":")
     for start in range(0, int(timeline[-1][0]) + 1 if timeline else 0, int(every)):
         part = [(rss, hwm) for t, rss, hwm in timeline if start <= t < start + every]
         if part:
             rss = [r for r, _ in part]
+            spent = [(t, c) for t, c in cpu if start <= t < start + every]
+            share = ""
+            if len(spent) > 1 and spent[-1][0] > spent[0][0]:
+                used = (spent[-1][1] - spent[0][1]) / (spent[-1][0] - spent[0][0])
+                share = f" {used * 100:6.0f}"
             print(f"    {start:>6}-{start + int(every):<6} s {min(rss):6.0f} {max(rss):6.0f} "
-                  f"{rss[-1]:6.0f} {max(h for _, h in part):6.0f}")
+                  f"{rss[-1]:6.0f} {max(h for _, h in part):6.0f}{share}")
     highest = sorted(timeline, key=lambda e: -e[2])[:top]
     if highest:
         print(f"  the {len(highest)} seconds with the highest high-water marks: "
@@ -296,7 +309,8 @@ def main() -> None:
             print("  peak RSS MiB by phase: start-up and first scrapes {:.0f}, the window {:.0f}, "
                   "one /metrics read after it {:.0f}".format(*r.phase_peaks_mib))
         if args.rss_every > 0:
-            print_timeline(r.rss_timeline, r.window_start, args.rss_every)
+            print_timeline(r.rss_timeline, r.window_start, args.rss_every,
+                           cpu=r.cpu_timeline)
         print_slow(r.slow_scrapes, args.rss_every or 60.0)
         if args.serve_log:
             print_memory_log(args.serve_log, r.window_start, r.window_s, args.rss_every or 60.0)
