@@ -45,9 +45,9 @@ IDS = "ids"
 
 def ids_param(dialect: str, column: Any) -> ColumnElement[bool]:
     """``column IN :ids`` as :func:`in_ids` renders it on ``dialect``, with the list bound at
-    execution (:func:`ids_value`): PostgreSQL's an expanding parameter (SQLAlchemy renders the
-    list into the text at each execution, as ``column.in_(list)`` does), SQLite's one JSON
-    array."""
+    execution (:func:`ids_value`): on PostgreSQL an expanding parameter (SQLAlchemy writes one
+    parameter per id into the text at each execution, the same text ``column.in_(list)``
+    gives), on SQLite one JSON array."""
     if dialect == "postgresql":
         return column.in_(bindparam(IDS, expanding=True))  # type: ignore[no-any-return]
     listed = select(literal_column("value", BigInteger)).select_from(
