@@ -1,7 +1,7 @@
 """Tritonwatch next to Prometheus: samples ingested per CPU-second on the same targets.
 
     .venv/bin/python -m bench.vs_prometheus [--targets 20] [--interval 1] [--duration 45]
-        [--warmup 25] [--backend sqlite|postgres|both]
+        [--warmup 25] [--backend sqlite|postgres|both] [--rounds 1]
 
 A simulated fleet (``bench.common.simulated_fleet``: N targets of ~2,900 series, 20 models,
 8 GPUs, TRT-LLM families, counters advancing on every scrape; a separate process whose CPU is
@@ -22,14 +22,22 @@ next ``--duration`` seconds:
   postmaster and every backend (the database server's CPU counts).  Sample counts are read outside
   the CPU window, so counting costs no one;
 * peak RSS: VmHWM of the scraper process (PostgreSQL's shared buffers not included).
+
+``--rounds N`` runs the three in turn N times (one PostgreSQL server for all, a new database
+each round) and ends with each scraper's median samples/CPU-s and the median of its rounds'
+ratios, each against that round's own Prometheus run: Prometheus's CPU over the same window
+has moved by a third between runs on one machine, and a single round's ratio carries all of
+that.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -215,35 +223,61 @@ def main() -> None:
     parser.add_argument("--backend", choices=("sqlite", "postgres", "both"), default="both")
     parser.add_argument("--flush-interval", type=float, default=None,
                         help="tritonwatch's store.flush_interval, s (default: the product's)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run every scraper this many times, in turn, and add the medians")
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {args.rounds}")
 
     print(f"Tritonwatch vs Prometheus: {args.targets} simulated targets, scrape interval "
           f"{args.interval:g} s, {args.warmup:g} s warm-up + {args.duration:g} s measured each, "
           f"{os.cpu_count()} CPUs; tritonwatch store.flush_interval "
-          f"{f'{args.flush_interval:g} s' if args.flush_interval else 'default (15 s)'}")
-    results: list[Result] = []
-    with simulated_fleet(args.targets) as fleet:
+          f"{f'{args.flush_interval:g} s' if args.flush_interval else 'default (15 s)'}"
+          f"{f'; {args.rounds} rounds' if args.rounds > 1 else ''}")
+    rounds: list[list[Result]] = []
+    with simulated_fleet(args.targets) as fleet, contextlib.ExitStack() as stack:
         print(f"payload: {fleet.series:,} series, {fleet.payload_bytes / 1024:.0f} KiB per "
               "scrape per target, series order fixed, counters advance every scrape")
-        results.append(run_prometheus(fleet, args.targets, args.interval, args.warmup,
-                                      args.duration))
-        if args.backend in ("sqlite", "both"):
-            with tempfile.TemporaryDirectory(prefix="tw-vs-db-") as tmp:
+        postgres = (stack.enter_context(postgres_backend(durable=True))
+                    if args.backend in ("postgres", "both") else None)
+        for n in range(args.rounds):
+            # Each round measures every scraper, Prometheus first: its figure is the round's
+            # reference, taken minutes apart from the others at most.
+            results = [run_prometheus(fleet, args.targets, args.interval, args.warmup,
+                                      args.duration)]
+            if args.backend in ("sqlite", "both"):
+                with tempfile.TemporaryDirectory(prefix="tw-vs-db-") as tmp:
+                    results.append(run_tritonwatch(
+                        fleet, args.targets, args.interval, args.warmup, args.duration,
+                        url=f"sqlite:///{tmp}/tw.db", who="tritonwatch sqlite", db_pid=None,
+                        flush_interval=args.flush_interval,
+                    ))
+            if postgres is not None:
                 results.append(run_tritonwatch(
                     fleet, args.targets, args.interval, args.warmup, args.duration,
-                    url=f"sqlite:///{tmp}/tw.db", who="tritonwatch sqlite", db_pid=None,
+                    url=postgres.new_database(f"tw_vs_prometheus_{n}"),
+                    who="tritonwatch postgres", db_pid=postgres.server_pid,
                     flush_interval=args.flush_interval,
                 ))
-        if args.backend in ("postgres", "both"):
-            with postgres_backend(durable=True) as backend:
-                url = backend.new_database("tw_vs_prometheus")
-                results.append(run_tritonwatch(
-                    fleet, args.targets, args.interval, args.warmup, args.duration,
-                    url=url, who="tritonwatch postgres", db_pid=backend.server_pid,
-                    flush_interval=args.flush_interval,
-                ))
+            if args.rounds > 1:
+                print(f"\nround {n + 1} of {args.rounds}")
+            _table(results)
+            rounds.append(results)
         fleet_cpu = process_tree_cpu(fleet.pid)
 
+    if args.rounds > 1:
+        _medians(rounds)
+    print()
+    print("scrapes: successful scrapes stored in the window / (targets x window / interval); "
+          "a scraper that falls behind stores fewer, and its figure covers less work")
+    print("samples: Prometheus = head samples appended (NaN kept, +5 synthetic per scrape); "
+          "tritonwatch = rows stored (NaN skipped, + derived SLIs, +3 synthetic per scrape)")
+    print(f"target: tritonwatch >= 70% of Prometheus's samples/CPU-s on each backend; the "
+          f"simulated fleet (excluded) used {fleet_cpu:.1f} CPU s in all")
+
+
+def _table(results: list[Result]) -> None:
+    """One round's rows, each against that round's Prometheus."""
     head = (f"{'scraper':<22} {'samples':>10} {'samples/s':>10} {'proc CPU s':>10} "
             f"{'DB CPU s':>9} {'samples/CPU-s':>13} {'vs prom':>8} {'peak RSS MiB':>12} "
             f"{'scrapes':>15}")
@@ -260,13 +294,25 @@ def main() -> None:
         print(f"{r.who:<22} {r.samples:>10,} {r.samples / r.window_s:>10,.0f} {r.cpu_s:10.2f} "
               f"{db} {r.per_cpu_s:>13,.0f} {r.per_cpu_s / ref:>8.1%} {r.peak_rss_mib:>12.0f} "
               f"{done:>15}")
-    print()
-    print("scrapes: successful scrapes stored in the window / (targets x window / interval); "
-          "a scraper that falls behind stores fewer, and its figure covers less work")
-    print("samples: Prometheus = head samples appended (NaN kept, +5 synthetic per scrape); "
-          "tritonwatch = rows stored (NaN skipped, + derived SLIs, +3 synthetic per scrape)")
-    print(f"target: tritonwatch >= 70% of Prometheus's samples/CPU-s on each backend; the "
-          f"simulated fleet (excluded) used {fleet_cpu:.1f} CPU s in all")
+
+
+def _medians(rounds: list[list[Result]]) -> None:
+    """Per scraper, across rounds: the median samples/CPU-s and the median of its rounds'
+    ratios to their own Prometheus.  Prometheus's CPU for the same window has moved by a
+    third between runs on this machine (4.5 to 7.2 s); one round's ratio carries all of it."""
+    print(f"\nmedians over {len(rounds)} rounds (each ratio against its own round's "
+          "Prometheus):")
+    print(f"{'scraper':<22} {'samples/CPU-s':>13} {'vs prom':>8}   per round")
+    for i, who in enumerate(r.who for r in rounds[0]):
+        rows = [(results[i], results[0]) for results in rounds
+                if not results[i].failed and results[0].per_cpu_s > 0]
+        if not rows:
+            print(f"{who:<22} FAILED in every round")
+            continue
+        ratios = [r.per_cpu_s / ref.per_cpu_s for r, ref in rows]
+        rates = statistics.median(r.per_cpu_s for r, _ in rows)
+        each = " ".join(f"{x:.1%}" for x in ratios)
+        print(f"{who:<22} {rates:>13,.0f} {statistics.median(ratios):>8.1%}   {each}")
 
 
 if __name__ == "__main__":

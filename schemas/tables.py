@@ -153,7 +153,7 @@ sample_log = Table(
 
 # The (target, metric name) pairs the log's rows belong to, by id (``sample_log.owner``).
 # ``resolved_at`` as in ``series``: writers refresh it when they look an owner up (a layout's
-# names, every ``store.flush.SERIES_CACHE_TTL_S``), and retention deletes only owners left
+# names, every ``RetentionConfig.series_cache_ttl``), and retention deletes only owners left
 # without series that no writer has resolved for longer than raw retention.
 sample_log_owners = Table(
     "sample_log_owners",

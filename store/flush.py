@@ -3,8 +3,9 @@
 Series ids come from a per-target ``Layout`` (``store.write``): a scrape listing the same
 series as its target's previous one reuses its ids; a changed one resolves its new series (a
 group of layouts at a time, in slices of :data:`RESOLVE_SLICE`), within each target's series
-limit.  Layouts expire after :data:`SERIES_CACHE_TTL_S`, so that each writer re-resolves (and
-so marks as in use, see ``maintenance.delete_empty_series``) every series it writes.  Every
+limit.  Layouts expire after the writer's ``ttl_s`` (``RetentionConfig.series_cache_ttl``),
+so that each writer re-resolves (and so marks as in use, see
+``retention.delete_empty_series``) every series it writes.  Every
 method runs under the store's flush lock.
 """
 
@@ -18,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 from sqlalchemy import Engine
 
+from tritonwatch.schemas.config import SERIES_CACHE_TTL_MIN_S
 from tritonwatch.schemas.samples import Labels
 from tritonwatch.store import maintenance, samplelog
 from tritonwatch.store.chunks import sort_keep_last
@@ -38,10 +40,11 @@ from tritonwatch.store.write import (
     within_series_limits,
 )
 
-#: The series-id cache is dropped this often so that each writer re-resolves (and so marks as
-#: in use, see ``maintenance.delete_empty_series``) every series it writes.  Raw retention must
-#: be longer than this.
-SERIES_CACHE_TTL_S = 600.0
+#: The series-id cache is dropped this often, by default, so that each writer re-resolves (and
+#: so marks as in use, see ``retention.delete_empty_series``) every series it writes.  Raw
+#: retention must be longer than a writer's TTL; ``serve`` takes it from its retention
+#: (``RetentionConfig.series_cache_ttl``: half the raw retention, up to an hour).
+SERIES_CACHE_TTL_S = SERIES_CACHE_TTL_MIN_S
 
 #: Series resolved per statement (and transaction), and the most series whose layouts expire
 #: in one flush.
@@ -64,8 +67,11 @@ SeriesRefused = Callable[[str, int, int], None]
 class SampleWriter:
     """Writes scrapes to one database, keeping each target's layout between flushes."""
 
-    def __init__(self, engine: Engine, reader: Reader) -> None:
+    def __init__(self, engine: Engine, reader: Reader, *,
+                 ttl_s: float = SERIES_CACHE_TTL_S) -> None:
         self._engine = engine
+        #: Seconds a target's layout (its series ids) is kept before they are resolved again.
+        self.ttl_s = ttl_s
         self._reader = reader  # told when series or rollup watermarks change
         self._layouts: dict[str, Layout] = {}  # per target, the last scrape's series and ids
         self._series_limits: dict[str, int] = {}
@@ -315,7 +321,7 @@ class SampleWriter:
             lay.owners = owners
 
     def _expire_layouts(self, now: float) -> None:
-        """Forget layouts resolved more than SERIES_CACHE_TTL_S ago, a few per flush.
+        """Forget layouts resolved more than ``ttl_s`` ago, a few per flush.
 
         Their next scrape resolves its series again, which marks them in use for retention.
         A budget of keys per flush spreads the re-resolution of a large fleet over many
@@ -323,7 +329,7 @@ class SampleWriter:
         """
         budget = RESOLVE_SLICE
         expired = [(lay.born, target, len(lay.ids)) for target, lay in self._layouts.items()
-                   if now - lay.born > SERIES_CACHE_TTL_S]
+                   if now - lay.born > self.ttl_s]
         for _, target, size in sorted(expired):
             if budget <= 0:
                 break

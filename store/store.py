@@ -54,7 +54,12 @@ from tritonwatch.store.engine import (
 )
 from tritonwatch.store.errors import StoreError, db_errors
 from tritonwatch.store.fairlock import FairLock
-from tritonwatch.store.flush import BufferedScrape, SampleWriter, SeriesRefused
+from tritonwatch.store.flush import (
+    SERIES_CACHE_TTL_S,
+    BufferedScrape,
+    SampleWriter,
+    SeriesRefused,
+)
 from tritonwatch.store.jobs import Maintenance
 from tritonwatch.store.memory import HELD_SAMPLES, HeldWindow
 from tritonwatch.store.migrate import Migrations
@@ -82,7 +87,7 @@ def open_store(
     url: str, *, batch_rows: int = 50_000, timeout_s: float = 10.0,
     statement_timeout_s: float = DEFAULT_STATEMENT_TIMEOUT_S, read_only: bool = False,
     scratch: bool = False, timeseries: TimeSeries | None = None,
-    sink: SampleSink | None = None,
+    sink: SampleSink | None = None, series_ttl_s: float = SERIES_CACHE_TTL_S,
 ) -> Store:
     """Open the store at ``url``: ``sqlite:///path.db`` or ``postgresql://user:pw@host/db``.
 
@@ -94,12 +99,14 @@ def open_store(
     a throwaway SQLite file with no journal and no fsync (``replay``; lost on a crash).
     ``timeseries`` and ``sink``: time series live on a TSDB (``store.tsdb``) or in memory
     (``store.memory``, replay's scratch store), samples go to ``sink`` and reads to
-    ``timeseries``; the database keeps the relational state only.
-    Raises ValueError for an unsupported URL.
+    ``timeseries``; the database keeps the relational state only.  ``series_ttl_s``: how long
+    a target's series ids are kept before they are resolved again (which marks them in use
+    for retention): shorter than the raw retention, ``RetentionConfig.series_cache_ttl``.
+    Raises ValueError for an unsupported URL or a negative ``series_ttl_s``.
     """
     return Store(url, batch_rows=batch_rows, timeout_s=timeout_s,
                  statement_timeout_s=statement_timeout_s, read_only=read_only,
-                 scratch=scratch, timeseries=timeseries, sink=sink)
+                 scratch=scratch, timeseries=timeseries, sink=sink, series_ttl_s=series_ttl_s)
 
 
 class TimeSeries(Protocol):
@@ -170,9 +177,12 @@ class Store:
         statement_timeout_s: float = DEFAULT_STATEMENT_TIMEOUT_S,
         read_only: bool = False, scratch: bool = False,
         timeseries: TimeSeries | None = None, sink: SampleSink | None = None,
+        series_ttl_s: float = SERIES_CACHE_TTL_S,
     ) -> None:
         if batch_rows < 1:
             raise ValueError(f"batch_rows must be at least 1, got {batch_rows!r}")
+        if not series_ttl_s >= 0:
+            raise ValueError(f"series_ttl_s must be 0 or more seconds, got {series_ttl_s!r}")
         parsed = parse_url(url)
         #: The URL with its password masked: safe for logs and error messages.
         self.url_redacted = redact(parsed)
@@ -212,7 +222,7 @@ class Store:
         self._tsdb = timeseries
         self._sink = sink
         self._held: HeldWindow | None = None  # within ``held()``
-        self._writer = SampleWriter(self._engine, self._reader)
+        self._writer = SampleWriter(self._engine, self._reader, ttl_s=series_ttl_s)
         #: Creates the schema and upgrades an older one (``store.migrate``).
         self.migrations = Migrations(self._engine, self.url_redacted)
         #: Rollup, compaction and retention (``store.jobs``).
@@ -229,6 +239,11 @@ class Store:
 
     def __exit__(self, *_exc: object) -> None:
         self.close()
+
+    @property
+    def series_ttl_s(self) -> float:
+        """Seconds a target's series ids are kept before they are resolved again."""
+        return self._writer.ttl_s
 
     @property
     def dialect(self) -> str:
@@ -393,7 +408,7 @@ class Store:
         A flush creates no series that would take a target past its limit: the samples of
         those series are dropped (``on_refused`` is told how many), the target's existing
         series keep being written.  A refused series is asked about again when its target's
-        layout is resolved again (every ``SERIES_CACHE_TTL_S``, or after retention removed
+        layout is resolved again (every :attr:`series_ttl_s`, or after retention removed
         series), so room freed by retention is taken up.  Targets not in ``limits``, and
         limits of 0, are not capped.  Replaces any earlier limits.
         """

@@ -26,7 +26,7 @@ SeriesKeyTuple = tuple[str, str, Labels]  # (target, name, labels): the series c
 #: A layout position whose series has no id yet (never resolved, or only ever NaN).
 UNRESOLVED = -1
 #: A layout position whose series the target's series limit refused: its samples are dropped,
-#: and it is not resolved again until the layout is (``SERIES_CACHE_TTL_S``, retention).
+#: and it is not resolved again until the layout is (its TTL, retention).
 REFUSED = -2
 
 #: Arbitrary constant key for pg_advisory_xact_lock: serialises rollups, compaction and

@@ -231,6 +231,17 @@ def test_raw_retention_just_over_ten_minutes_is_fine():
     assert validate_config({"store": {"retention": {"raw": "10m1s"}}}).store.retention.raw == 601
 
 
+@pytest.mark.parametrize(("raw", "ttl"), [
+    ("10m1s", 600.0), ("20m", 600.0), ("50m", 1500.0), ("2h", 3600.0), ("15d", 3600.0),
+])
+def test_series_ids_are_kept_half_the_raw_retention_between_ten_minutes_and_an_hour(raw, ttl):
+    retention = validate_config({"store": {"retention": {"raw": raw}}}).store.retention
+    assert retention.series_cache_ttl == ttl
+    # Retention may delete an empty series that no writer resolved for the raw retention:
+    # a writer resolves the ids it holds again well within it.
+    assert retention.series_cache_ttl < retention.raw
+
+
 def test_target_scrape_timeout_over_its_interval_is_refused_not_clamped():
     target = {"name": "a", "metrics_url": "http://x/metrics"}
     with pytest.raises(ConfigError) as info:

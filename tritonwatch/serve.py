@@ -137,7 +137,7 @@ def prepare_store(config: Config, sink: SampleSink | None = None) -> Store:
     store = open_store(url, batch_rows=config.store.batch_samples, timeout_s=STORE_TIMEOUT_S,
                        statement_timeout_s=config.store.statement_timeout,
                        timeseries=None if ts is None else TsdbReader.from_config(ts),
-                       sink=sink)
+                       sink=sink, series_ttl_s=config.store.retention.series_cache_ttl)
     try:
         store.migrations.apply()
         # Before the first scrape: what the last shutdown could not write goes in first.

@@ -234,3 +234,20 @@ def test_close_store_ends_by_its_deadline_and_spills_while_sqlite_stays_locked(
     (path,) = (tmp_path / "spill").glob("spill-*.jsonl")
     _, pending = spill.read(path)
     assert pending.samples == 1
+
+
+@pytest.mark.parametrize(("raw", "ttl"), [("15d", 3600.0), ("50m", 1500.0)])
+def test_serve_keeps_series_ids_as_long_as_its_raw_retention_allows(tmp_path, raw, ttl):
+    # The store serve opens re-resolves its series (marking them in use for retention) within
+    # the configured raw retention, and no more often than it must.
+    from tritonwatch import serve as serve_mod
+    from tritonwatch.schemas.config import validate_config
+
+    config = validate_config({
+        "store": {"url": f"sqlite:///{tmp_path}/tw.db", "retention": {"raw": raw}},
+    })
+    store = serve_mod.prepare_store(config)
+    try:
+        assert store.series_ttl_s == ttl
+    finally:
+        store.close()

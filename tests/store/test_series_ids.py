@@ -9,9 +9,11 @@ throughout.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
+import pytest
 
 import tritonwatch.store.flush as store_module
 from tritonwatch.schemas.samples import Labels
@@ -61,12 +63,11 @@ def test_unchanged_layouts_resolve_nothing(make_store, calls):
 
 
 def test_expired_layouts_are_refreshed_a_budget_at_a_time(make_store, calls, monkeypatch):
-    st = make_store()
+    st = make_store(series_ttl_s=0.0)
     _write_all(st, 1000.0)
     calls.clear()
     # Every layout is now past its TTL; the budget lets one target's series (10) be
     # resolved again per flush, oldest first, so the refresh takes TARGETS flushes.
-    monkeypatch.setattr(store_module, "SERIES_CACHE_TTL_S", -1.0)
     monkeypatch.setattr(store_module, "RESOLVE_SLICE", SERIES)
     refreshed = []
     for r in range(1, TARGETS + 1):
@@ -80,6 +81,48 @@ def test_expired_layouts_are_refreshed_a_budget_at_a_time(make_store, calls, mon
     assert len(st.series()) == TARGETS * SERIES
     got = st.read(Query("m_1", start=0, end=2000, target="t3")).series()
     assert {d.values for d in got} == {tuple(1000.0 + r + 3 for r in range(TARGETS + 1))}
+
+
+class _Clock:
+    """``store.flush``'s ``time`` with a monotonic clock the test moves (wall time real)."""
+
+    def __init__(self) -> None:
+        self.now = 5_000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def time(self) -> float:
+        return time.time()
+
+
+def test_layouts_are_resolved_again_after_the_stores_ttl_only(make_store, calls, monkeypatch):
+    clock = _Clock()
+    monkeypatch.setattr(store_module, "time", clock)
+    st = make_store(series_ttl_s=3600.0)
+    assert st.series_ttl_s == 3600.0
+    _write_all(st, 1000.0)
+    calls.clear()
+    # Past the default 10 minutes, short of this store's hour: the ids are reused.
+    clock.now += 3000.0
+    _write_all(st, 1001.0)
+    assert calls == []
+    # Past the hour: every target's series are resolved again (within one flush's budget),
+    # to the same ids.
+    clock.now += 601.0
+    _write_all(st, 1002.0)
+    assert sorted(key for c in calls for key in c) == sorted(
+        (f"t{i}", name, labels) for i in range(TARGETS)
+        for name, labels in zip(*_columns(i), strict=True))
+    assert len(st.series()) == TARGETS * SERIES
+    got = st.read(Query("m_1", start=0, end=2000, target="t2")).series()
+    assert {d.values for d in got} == {(1002.0, 1003.0, 1004.0)}
+
+
+@pytest.mark.parametrize("ttl", [-1.0, float("nan")])
+def test_a_negative_series_ttl_is_refused_by_name(make_store, ttl):
+    with pytest.raises(ValueError, match="series_ttl_s"):
+        make_store(series_ttl_s=ttl)
 
 
 def test_a_changed_block_reuses_ids_of_the_previous_layout(make_store, calls):
