@@ -209,8 +209,9 @@ class RetentionConfig(Frozen):
         the ids it holds again within that time, or it could write to a deleted series.  The
         ids are kept for half the raw retention, at least 10 minutes (raw retention is longer)
         and at most an hour.
-        Each resolution upserts every series of the fleet (566,000 rows at 1,000 targets, a
-        quarter of the flush's CPU when they came every 10 minutes).
+
+        Each time, every series of the fleet is upserted again: 566,000 rows at 1,000
+        targets, a quarter of the flush's CPU while it ran every 10 minutes.
         """
         return min(SERIES_CACHE_TTL_MAX_S, max(SERIES_CACHE_TTL_MIN_S, self.raw / 2))
 
