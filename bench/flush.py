@@ -39,6 +39,7 @@ import numpy as np
 
 from tests.payloads import Template
 from tritonwatch.collector.shape import parse_columns
+from tritonwatch.schemas.config import SERIES_CACHE_TTL_MAX_S, SERIES_CACHE_TTL_MIN_S
 from tritonwatch.store import Store, open_store
 from tritonwatch.store.reads import Query
 
@@ -114,12 +115,7 @@ def run(url: str, shape: Shape, flushes: int, profile: cProfile.Profile | None, 
     step = 0
     try:
         for f in range(WARMUP + flushes):
-            for k in range(shape.scrapes):
-                ts = T0 + (step + k) * shape.every_s
-                for i, src in enumerate(srcs):
-                    values = src.v0 + (step + k) * src.dv
-                    store.write_columns(f"triton-{i}:8002", ts, src.names, src.labels, values)
-            step += shape.scrapes
+            step = _buffer(store, srcs, shape, step)
             if profile is not None and f >= WARMUP:
                 profile.enable()
             w0, c0 = _wchar(), time.process_time()
@@ -151,6 +147,16 @@ def run(url: str, shape: Shape, flushes: int, profile: cProfile.Profile | None, 
     )
 
 
+def _buffer(store: Store, srcs: list[Source], shape: Shape, step: int) -> int:
+    """Buffer the next flush's scrapes of every target from scrape ``step``; returns the step
+    after them."""
+    for k in range(step, step + shape.scrapes):
+        for i, src in enumerate(srcs):
+            store.write_columns(f"triton-{i}:8002", T0 + k * shape.every_s, src.names,
+                                src.labels, src.v0 + k * src.dv)
+    return step + shape.scrapes
+
+
 def _reresolve(store: Store, srcs: list[Source], shape: Shape, step: int) -> int:
     """Print what the expiry of every target's layout costs (``Store.series_ttl_s``): the
     flushes that resolve all their series again, a budget of ``store.flush.RESOLVE_SLICE``
@@ -161,10 +167,7 @@ def _reresolve(store: Store, srcs: list[Source], shape: Shape, step: int) -> int
 
     def flush() -> tuple[float, int]:
         nonlocal step
-        for i, src in enumerate(srcs):
-            store.write_columns(f"triton-{i}:8002", T0 + step * shape.every_s, src.names,
-                                src.labels, src.v0 + step * src.dv)
-        step += 1
+        step = _buffer(store, srcs, shape, step)
         w0, c0 = _wchar(), time.process_time()
         store.flush()
         return time.process_time() - c0, _wchar() - w0
@@ -183,8 +186,9 @@ def _reresolve(store: Store, srcs: list[Source], shape: Shape, step: int) -> int
     print(f"  {shape.name:6} every layout expired: {series:,} series resolved again in "
           f"{len(again)} flush(es), {cpu / series * 1e6:.2f} us of CPU and {wrote / series:.0f} "
           f"bytes written by this process a series beyond steady flushes; at 1,000 targets of "
-          f"566 series, {cpu / series * 566_000 / 600:.2%} of a core every 10 minutes, "
-          f"{cpu / series * 566_000 / 3600:.2%} every hour")
+          f"566 series, {cpu / series * 566_000 / SERIES_CACHE_TTL_MIN_S:.2%} of a core every "
+          f"{SERIES_CACHE_TTL_MIN_S:g} s, {cpu / series * 566_000 / SERIES_CACHE_TTL_MAX_S:.2%}"
+          f" every {SERIES_CACHE_TTL_MAX_S:g} s")
     return step
 
 

@@ -31,10 +31,11 @@ def in_ids(conn: Connection, column: Any, ids: Sequence[int]) -> ColumnElement[b
     was prepared after five runs (psycopg) and its generic plan cost the server a third more
     CPU per alert evaluation (bench.alerts_eval, 100 targets: 1.35 -> 1.80 s of backend CPU,
     against 0.38 -> 0.25 s saved in this process)."""
-    pg = conn.dialect.name == "postgresql"
-    # PostgreSQL's parameters typed as the column, as ``column.in_(list)`` types them.
-    return _in(conn.dialect.name, column, bindparam(
-        None, ids_value(conn, ids), **(_BIND[pg] | ({"type_": column.type} if pg else {}))))
+    dialect = conn.dialect.name
+    options = _BIND[dialect == "postgresql"]
+    if dialect == "postgresql":  # its parameters typed as the column, as ``in_(list)`` does
+        options = {**options, "type_": column.type}
+    return _in(dialect, column, bindparam(None, ids_value(conn, ids), **options))
 
 
 #: The name of the bound id list in the statements of :func:`prepared`.
