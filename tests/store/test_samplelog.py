@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sqlalchemy import func, select, text
+from sqlalchemy import event, func, select, text
 
 from tests.store.test_codec import _value_bits
 from tests.store_sql import raw_engine
@@ -868,7 +868,7 @@ def test_a_name_larger_than_a_move_transaction_is_moved_a_batch_of_series_at_a_t
         # A run that crashed after writing the chunks: the next one writes them again.
         f = t.sample_log_flushes.c
         with transaction(raw_engine(redone), write=True) as conn:
-            seqs = select(f.seq).scalar_subquery()
+            seqs = samplelog._listed(conn, select(f.seq))
             owners = list(conn.execute(select(t.sample_log_owners.c.id)).scalars())
             group = samplelog._Group(owners)
             assert samplelog._move(conn, seqs, (1 << 63) - 1, group, redo=False) == 55
@@ -877,3 +877,65 @@ def test_a_name_larger_than_a_move_transaction_is_moved_a_batch_of_series_at_a_t
     finally:
         for s in (whole, batched, redone):
             s.close()
+
+
+def _plan(conn: Any, query: Any, params: dict[str, Any] | None = None) -> str:
+    """PostgreSQL's plan of ``query`` (SQLAlchemy), as the store runs it: the statement and
+    parameters the driver is given are taken on their way, and explained instead."""
+    sent: list[tuple[str, Any]] = []
+
+    def explain(_conn: Any, _cursor: Any, statement: str, parameters: Any, *_: Any
+                ) -> tuple[str, Any]:
+        sent.append((statement, parameters))
+        return "EXPLAIN " + statement, parameters
+
+    event.listen(conn, "before_cursor_execute", explain, retval=True)
+    try:
+        result = conn.execute(query, params or {})
+        rows = result.cursor.fetchall() if result.cursor is not None else []
+    finally:
+        event.remove(conn, "before_cursor_execute", explain)
+    assert len(sent) == 1
+    return "\n".join(r[0] for r in rows)
+
+
+def test_postgres_finds_a_few_owners_log_rows_by_key_whatever_its_statistics(
+    postgres_db_url: str,
+) -> None:
+    """Reads of a few series, and each group a move takes, seek the log's rows by ``(seq,
+    owner)``: neither may scan the whole log, as PostgreSQL did when its statistics were
+    taken while the log held a few owners (a new collector, new targets): a hash join over
+    every row of the hour, for each of thousands of reads and groups an hour."""
+    from tritonwatch.store import open_store
+
+    s = open_store(postgres_db_url)
+    try:
+        s.migrations.apply()
+        names = [f"m{k}" for k in range(8)]
+
+        def scrape(targets: int, at: float) -> None:
+            for i in range(targets):
+                s.write(f"t{i}", at, [Sample(n, (("gpu", "0"),), at) for n in names])
+            s.flush()
+
+        scrape(2, T)
+        with transaction(raw_engine(s), write=True) as conn:
+            conn.execute(text("ALTER TABLE sample_log SET (autovacuum_enabled = off)"))
+            conn.execute(text("ANALYZE sample_log"))  # 16 owners, one flush
+        for k in range(1, 40):
+            scrape(60, T + 15 * k)
+        with transaction(raw_engine(s), write=False) as conn:
+            ids = conn.execute(select(t.series.c.id).where(t.series.c.target == "t7")).scalars()
+            read = _plan(conn, samplelog._log_rows("postgresql"), {
+                "ids": list(ids), "lo_ms": T * 1000, "hi_ms": (T + 600) * 1000})
+            owners = conn.execute(select(t.sample_log_owners.c.id).where(
+                t.sample_log_owners.c.target == "t7")).scalars()
+            flushes = samplelog._listed(conn, select(t.sample_log_flushes.c.seq))
+            assert isinstance(flushes, list) and len(flushes) == 40
+            move = _plan(conn, samplelog._group_rows(
+                conn, flushes, (T + 3600) * 1000, samplelog._Group(list(owners))))
+    finally:
+        s.close()
+    for plan in (read, move):
+        assert "Seq Scan on sample_log " not in plan, plan
+        assert "owner = ANY" in plan.split("Index Cond:", 1)[-1].split("\n", 1)[0], plan
