@@ -3,6 +3,7 @@ sample log into chunks.
 
     .venv/bin/python -m bench.move [--series 2000] [--flushes 240]
     .venv/bin/python -m bench.move --targets 20 [--flushes 240]
+        [--backend sqlite|postgres]
 
 The NVML host's target holds a GPU series of every target of a fleet: one of its names is
 ``--series`` series (2,000: a 1,000-target fleet of 2 GPUs each), flushed ``--flushes`` times
@@ -15,13 +16,16 @@ With ``--targets``, the log holds that many Triton targets of 566 series in 50 n
 ``bench.fleet`` simulates them) instead: an hour of one is 135,840 samples, more than a move
 transaction's budget.  It also prints a digest of the chunks written, the same for any
 grouping of the move (to compare two versions of it side by side).
+
+``--backend postgres`` moves them in a throwaway PostgreSQL (``bench.alerts_eval``'s) and
+prints the server's CPU during the move beside this process's (a group read that scans the
+whole log shows there, growing with the fleet).
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
-import tempfile
 import time
 import tracemalloc
 from contextlib import nullcontext
@@ -29,6 +33,8 @@ from contextlib import nullcontext
 import numpy as np
 from sqlalchemy import select
 
+from bench.alerts_eval import backend
+from bench.common import process_tree_cpu
 from tests.store_sql import raw_engine
 from tritonwatch.schemas import tables as t
 from tritonwatch.schemas.samples import Labels
@@ -43,10 +49,11 @@ def main() -> None:
     parser.add_argument("--flushes", type=int, default=240)
     parser.add_argument("--targets", type=int, default=0,
                         help="move this many targets of 566 series instead of one large name")
+    parser.add_argument("--backend", choices=("sqlite", "postgres"), default="sqlite")
     args = parser.parse_args()
     rng = np.random.default_rng(1)
-    with tempfile.TemporaryDirectory(prefix="tw-move-") as tmp:
-        store = open_store(f"sqlite:///{tmp}/move.db")
+    with backend(args.backend) as (url, server_pid):
+        store = open_store(url)
         try:
             store.migrations.apply()
             if args.targets:
@@ -54,9 +61,11 @@ def main() -> None:
             else:
                 _fill_name(store, args.series, args.flushes, rng)
             tracemalloc.start()
+            s0 = process_tree_cpu(server_pid) if server_pid else 0.0
             c0 = time.process_time()
             moved = samplelog.transpose(raw_engine(store), gate=nullcontext())
             cpu = time.process_time() - c0
+            server = process_tree_cpu(server_pid) - s0 if server_pid else 0.0
             _, peak = tracemalloc.get_traced_memory()
             tracemalloc.stop()
             chunks, digest = _chunks_digest(store)
@@ -64,9 +73,10 @@ def main() -> None:
             store.close()
     what = (f"{args.targets} targets of 566 series" if args.targets
             else f"{args.series:,} series of one name")
-    print(f"moved {moved:,} samples of {what} ({args.flushes} flushes) in {cpu:.2f} CPU s; "
-          f"traced peak {peak / 2**20:.1f} MiB ({peak / max(moved, 1):.1f} bytes a sample); "
-          f"{chunks:,} chunks, digest {digest}")
+    on_server = f" (+ {server:.2f} s of PostgreSQL's)" if server_pid else ""
+    print(f"{args.backend}: moved {moved:,} samples of {what} ({args.flushes} flushes) in "
+          f"{cpu:.2f} CPU s{on_server}; traced peak {peak / 2**20:.1f} MiB "
+          f"({peak / max(moved, 1):.1f} bytes a sample); {chunks:,} chunks, digest {digest}")
 
 
 def _fill_name(store: Store, series: int, flushes: int, rng: np.random.Generator) -> None:
