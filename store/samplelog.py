@@ -498,13 +498,11 @@ def _seq_in(flushes: Select[Any] | list[int]) -> Any:
 
 
 def _listed(conn: Connection, seqs: Select[Any]) -> Select[Any] | list[int]:
-    """What a move's reads of a group of owners name its flushes by: on SQLite their query,
-    on PostgreSQL their seqs, bound as one array with the owners' (``_Group.rows``), so that
-    both halves of the log's key are index conditions.  As ``seq IN (query)``, PostgreSQL's
-    planner scanned every row of the hour for each group, a hash semi-join (36 ms a group
-    at 100 targets, the scan growing with the fleet, the groups too); with the flushes an
-    array from a subquery it could not tell how many, and still took only ``seq`` from the
-    index (18 ms)."""
+    """What a move's statements name its flushes by: on SQLite their query, on PostgreSQL
+    their seqs, listed once under the rollup lock and bound as one array (:func:`_group_rows`
+    reads a group's rows a flush at a time by key).  As ``seq IN (query)``, PostgreSQL's
+    planner hashed every row of the hour for each group (36 ms a group at 100 targets, the
+    scan growing with the fleet, and the groups with it)."""
     if conn.dialect.name == "postgresql":
         return [int(seq) for seq in conn.execute(seqs).scalars()]
     return seqs
@@ -637,8 +635,8 @@ def transpose(
         redo = get_meta(conn, MOVE_PENDING) is not None
         set_meta(conn, MOVE_PENDING, str(cutoff))
         # The flushes listed now: every one committed, and immutable but for moves (flushes
-        # appended later take higher seqs).  A subquery, so that each statement below
-        # compiles once, whatever the number of flushes.
+        # appended later take higher seqs).  A subquery (on PostgreSQL, one array), so that
+        # each statement below compiles once, whatever the number of flushes.
         seqs = select(f.seq).where(f.start_ms < cutoff, f.seq <= top)
         flushes = _listed(conn, seqs)
     groups = _groups(engine, seqs, cutoff)
