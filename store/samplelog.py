@@ -489,11 +489,16 @@ def _array(query: Select[Any]) -> Any:
                 ARRAY(BigInteger))
 
 
+def _bigints(values: list[int]) -> Any:
+    """``values`` bound as one PostgreSQL ``bigint[]``."""
+    return bindparam(None, values, type_=ARRAY(BigInteger))
+
+
 def _seq_in(flushes: Select[Any] | list[int]) -> Any:
     """``sample_log.seq`` among ``flushes``: their query (SQLite), or their seqs listed
     (PostgreSQL, :func:`_listed`)."""
     if isinstance(flushes, list):
-        return t.sample_log.c.seq == any_(bindparam(None, flushes, type_=ARRAY(BigInteger)))
+        return t.sample_log.c.seq == any_(_bigints(flushes))
     return t.sample_log.c.seq.in_(flushes)
 
 
@@ -742,8 +747,7 @@ class _Group(NamedTuple):
         if conn.dialect.name == "postgresql":
             # One array, as the flushes' (``_listed``): both halves of the key are then index
             # conditions, where a list of literals was a filter over every flush's rows.
-            return t.sample_log.c.owner == any_(
-                bindparam(None, self.owners, type_=ARRAY(BigInteger)))
+            return t.sample_log.c.owner == any_(_bigints(self.owners))
         return in_ids(conn, t.sample_log.c.owner, self.owners)
 
 
@@ -825,8 +829,7 @@ def _group_rows(conn: Connection, flushes: Select[Any] | list[int], cutoff: int,
     if isinstance(flushes, list):
         # A flush at a time, its rows of the group's owners by key: PostgreSQL's planner can't
         # then scan the whole hour, whatever its statistics of a log that turns over hourly.
-        flush = func.unnest(bindparam(None, flushes, type_=ARRAY(BigInteger))).table_valued(
-            "seq").render_derived(name="flush")
+        flush = func.unnest(_bigints(flushes)).table_valued("seq").render_derived(name="flush")
         # OFFSET 0 keeps the subquery one (it is not pulled up into a join, which the planner
         # would hash over a scan of every row of the hour when its statistics are stale).
         found = select(c.seq, c.n, c.data).where(
