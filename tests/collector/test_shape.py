@@ -176,6 +176,23 @@ def test_a_payload_holding_the_mark_takes_another_or_the_full_parse():
     got = assert_columns_match(odd, shape)
     assert got is not shape
 
+def test_tokens_past_the_bound_are_text_between_tokens_not_values():
+    # A line's last token is read only up to 64 characters.  A HELP text ending in a longer
+    # word keeps the word in the skeleton and still takes the shortcut; a value grown past 64
+    # characters leaves its line without a token, and the payload is parsed in full.
+    url = "https://example.com/" + "d" * 60
+    text = f"# HELP x see {url}\n# TYPE x gauge\nx 1\ny 2\n"
+    shape = settled(text)
+    assert shape.steady
+    same = assert_columns_match(text.replace("x 1", "x 3"), shape)
+    assert same is shape
+    changed = assert_columns_match(text.replace(url, url[:-1] + "e"), shape)
+    assert changed is not shape
+    for grown in ("1" * 64, "1" * 65, "0." + "1" * 70):
+        got = assert_columns_match(text.replace("x 1", f"x {grown}"), shape)
+        assert (got is shape) == (len(grown) <= 64), grown
+
+
 def test_down_to_the_reference_and_back():
     # A payload the fast path declines has no shortcut; the next regular one gets one again.
     regular = triton_payload(models=1, gpus=1)
