@@ -16,18 +16,22 @@ Why the shortcut returns exactly what ``parse`` would (the differential tests ho
   sample line's token is its value (the text after the line's last space, which is what the
   fast path reads).  A shape records which tokens are sample values.
 * A later payload takes the shortcut only if it has as many tokens, the same skeleton (the
-  parts joined with a control character where each token was, one that the shape's payload
-  does not hold, compared by hash: the marks fix where every token goes, and a payload
-  holding the mark never takes the shortcut, so equal joins are equal text but for the
-  tokens) and the same tokens on every other line.  Then every line, head
+  sequence of texts between tokens, compared by hash: equal sequences are equal text but for
+  the tokens, each token in the same place) and the same tokens on every other line.  Then
+  every line, head
   and comment is the same as in the shape's payload, so the fast path would take the same
   decisions on it, except those that depend on a value: the value tokens are converted
   exactly as it converts them (``float()``, refusing ``1_000``, the reference's ``-0``), and
   anything unusual (a token that ``float()`` refuses, one over 64 characters) sends the
   payload to the full parser instead.  Measured on the 2,879-series payload: 0.6 ms of
   splitting and hashing, where splitting into lines and each line at its last space took 0.85.
-* The skeleton is compared by Python's string hash (SipHash, keyed per process, so a target
-  cannot steer a collision), which keeps a shape small: the skeleton itself is not stored.
+* The skeleton is compared by the hash of the tuple of its texts (each text's SipHash, keyed
+  per process, so a target cannot steer a collision), which keeps a shape small: the skeleton
+  itself is not stored.  Hashed as a tuple rather than joined into one string (with a control
+  character marking where each token was, which the payload then had to lack): the joined
+  copy was a fresh 370 KiB allocation a scrape of a 2,879-series payload, over the mapping
+  threshold ``serve`` sets (``tritonwatch.memory.tune_malloc``), so each of its pages faulted
+  in; measured with that setting, split and hash 840 -> 740 us.
 
 Payloads the fast path declines (escapes, timestamps, exotic types...) get a shape without a
 matcher: each scrape is parsed in full, as before.
@@ -110,31 +114,21 @@ class _Span(NamedTuple):
 #: (``{0,64}+``): a line whose last token is longer fails at once instead of trying every
 #: shorter length; no shorter one can end the line.
 _LAST_TOKEN = re.compile(rf" ([^ \n]{{0,{_MAX_TOKEN}}}+)$", re.MULTILINE)
-#: Candidates to join the text between tokens for its hash, marking where each token was: a
-#: shape takes the first that its payload does not hold (a HELP text may hold any character).
-_MARKS = tuple(map(chr, (*range(0, 9), *range(11, 32))))
 
 
-def _skeleton(text: str, mark: str) -> tuple[int, list[str]] | None:
-    """The hash of ``text`` less its lines' last tokens, joined with ``mark`` where each was,
-    and the split itself (text between tokens, then a token, alternately); None for a payload
-    holding ``mark``."""
-    if mark in text:
-        # Not the shape's payload (it holds none) up to values, which float() would refuse.
-        return None
+def _skeleton(text: str) -> tuple[int, list[str]]:
+    """The hash of ``text``'s skeleton (the texts between its lines' last tokens, in order),
+    and the split itself (text between tokens, then a token, alternately)."""
     parts = _LAST_TOKEN.split(text)
-    return hash(mark.join(parts[0::2])), parts
+    return hash(tuple(parts[0::2])), parts
 
 
 class _Matcher:
     """Recognises a payload with the same structure as the one a shape was built from."""
 
-    __slots__ = ("comment_mask", "comment_tokens", "mark", "n_tokens", "skeleton_hash",
-                 "value_mask")
+    __slots__ = ("comment_mask", "comment_tokens", "n_tokens", "skeleton_hash", "value_mask")
 
-    def __init__(self, mark: str, skeleton_hash: int, tokens: list[str], value_mask: bytes
-                 ) -> None:
-        self.mark = mark
+    def __init__(self, skeleton_hash: int, tokens: list[str], value_mask: bytes) -> None:
         self.n_tokens = len(tokens)
         self.skeleton_hash = skeleton_hash
         self.value_mask = _shared(value_mask, len(value_mask))
@@ -146,10 +140,7 @@ class _Matcher:
 
     def values(self, text: str) -> Values | None:
         """The sample values of ``text``, or None when its structure differs (or is unusual)."""
-        found = _skeleton(text, self.mark)
-        if found is None:
-            return None
-        skeleton_hash, parts = found
+        skeleton_hash, parts = _skeleton(text)
         tokens = parts[1::2]
         if len(tokens) != self.n_tokens or skeleton_hash != self.skeleton_hash:
             return None
@@ -288,13 +279,7 @@ def _matcher_for(text: str, values: Values) -> _Matcher | None:
     """A matcher for ``text`` (which the fast path accepted), or None if it cannot be built."""
     if len(text) > MAX_LINE_CHARS and max(map(len, text.split("\n"))) > MAX_LINE_CHARS - 256:
         return None  # a longer value could push a line over the limit: leave that to parse
-    mark = next((c for c in _MARKS if c not in text), None)
-    if mark is None:
-        return None
-    found = _skeleton(text, mark)
-    if found is None:
-        return None
-    skeleton_hash, parts = found
+    skeleton_hash, parts = _skeleton(text)
     tokens = parts[1::2]
     # Each token's line is the text before it back to the last newline: the line's head.  A
     # sample line is not a comment, and has a head and a token.  Its head is never empty on a
@@ -312,4 +297,4 @@ def _matcher_for(text: str, values: Values) -> _Matcher | None:
         return None
     if not np.array_equal(np.signbit(again), np.signbit(values)):
         return None
-    return _Matcher(mark, skeleton_hash, tokens, value_mask)
+    return _Matcher(skeleton_hash, tokens, value_mask)
