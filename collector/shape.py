@@ -18,13 +18,13 @@ Why the shortcut returns exactly what ``parse`` would (the differential tests ho
 * A later payload takes the shortcut only if it has as many tokens, the same skeleton (the
   sequence of texts between tokens, compared by hash: equal sequences are equal text but for
   the tokens, each token in the same place) and the same tokens on every other line.  Then
-  every line, head
-  and comment is the same as in the shape's payload, so the fast path would take the same
-  decisions on it, except those that depend on a value: the value tokens are converted
-  exactly as it converts them (``float()``, refusing ``1_000``, the reference's ``-0``), and
-  anything unusual (a token that ``float()`` refuses, one over 64 characters) sends the
-  payload to the full parser instead.  Measured on the 2,879-series payload: 0.6 ms of
-  splitting and hashing, where splitting into lines and each line at its last space took 0.85.
+  every line, head and comment is the same as in the shape's payload, so the fast path would
+  take the same decisions on it, except those that depend on a value: the value tokens are
+  converted exactly as it converts them (``float()``, refusing ``1_000``, the reference's
+  ``-0``), and anything unusual (a token that ``float()`` refuses; one over 64 characters is
+  not read as a token) sends the payload to the full parser instead.  Measured on the
+  2,879-series payload: 0.6 ms of splitting and hashing, where splitting into lines and each
+  line at its last space took 0.85.
 * The skeleton is compared by the hash of the tuple of its texts (each text's SipHash, keyed
   per process, so a target cannot steer a collision), which keeps a shape small: the skeleton
   itself is not stored.  Hashed as a tuple rather than joined into one string (with a control
