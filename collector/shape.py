@@ -23,8 +23,9 @@ Why the shortcut returns exactly what ``parse`` would (the differential tests ho
   converted exactly as it converts them (``float()``, refusing ``1_000``, the reference's
   ``-0``), and anything unusual (a token that ``float()`` refuses; one over 64 characters is
   not read as a token) sends the payload to the full parser instead.  Measured on the
-  2,879-series payload: 0.6 ms of splitting and hashing, where splitting into lines and each
-  line at its last space took 0.85.
+  2,879-series payload when the split was introduced (glibc's default malloc settings): 0.6 ms
+  of splitting and hashing, where splitting into lines and each line at its last space took
+  0.85; under ``serve``'s settings, see the next point.
 * The skeleton is compared by the hash of the tuple of its texts (each text's SipHash, keyed
   per process, so a target cannot steer a collision), which keeps a shape small: the skeleton
   itself is not stored.  Hashed as a tuple rather than joined into one string (with a control
