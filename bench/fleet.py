@@ -191,10 +191,11 @@ def print_slow(slow: list[tuple[float, float]], every: float = 60.0) -> None:
 def print_memory_log(path: str, window_start: float, window_s: float, every: float = 60.0,
                      top: int = 6) -> None:
     """What serve's ``-vv`` log says of its memory (``tritonwatch.memory``), per ``every``
-    seconds of the window: RSS after each 15 s trim (lowest, highest) and before it (highest),
-    and the highest of glibc's heap in use, its mapped blocks, SQLite's and CPython's live
-    blocks; then the ``top`` highest high-water marks with where tritonwatch's threads were.
-    What rose, and when (the first rules' baselines, the hourly move), without a profiler."""
+    seconds of the window: RSS after each trim (every ``memory.TRIM_INTERVAL_S``; lowest,
+    highest) and before it (highest), and the highest of glibc's heap in use, its mapped
+    blocks, SQLite's and CPython's live blocks; then the ``top`` highest high-water marks
+    with where tritonwatch's threads were.  What rose, and when (the first rules' baselines,
+    the hourly move), without a profiler."""
     trims: dict[int, list[memory.TrimLine]] = {}
     peaks: list[tuple[float, memory.PeakLine]] = []
     with open(path, encoding="utf-8", errors="replace") as f:
