@@ -113,8 +113,8 @@ log = logging.getLogger(__name__)
 #: chunks either way; measured on 20 such targets (``bench.move --targets 20``, twice each,
 #: side by side): 7.80, 8.83 -> 7.51, 7.28 CPU s, and a traced peak of 9.2 -> 7.7 MiB.  Moved
 #: whole, the NVML host's target (the GPU series joined across a fleet: 6.8 M samples an hour
-#: at 1,000 targets) took the collector from 350 to 618 MiB every hour.  Half the budget of
-#: stop 45 (1 << 16), measured the same way: a traced peak of 7.7 -> 4.2 MiB, CPU 5.10, 4.69
+#: at 1,000 targets) took the collector from 350 to 618 MiB every hour.  Half the earlier
+#: budget (1 << 16), measured the same way: a traced peak of 7.7 -> 4.2 MiB, CPU 5.10, 4.69
 #: -> 5.00, 4.93 s, the same chunks.
 TRANSPOSE_SAMPLES = 1 << 15
 #: Samples' worth of log rows the move decodes at a time: the rows' index is the 200 bytes a
