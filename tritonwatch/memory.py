@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 #: How often the process hands freed heap pages back (:func:`release_free_memory`).  Every
-#: flush interval (15 s) frees a flush's worth of heap; trimmed only every 15 s, the next
+#: flush interval (15 s by default) frees a flush's worth of heap; trimmed only every 15 s, the next
 #: flush's and alert evaluation's transients came on top of pages not yet handed back.
 #: Measured at 1,000 targets, 8 to 10 minutes each (AMD EPYC, 2 cores): the minutes' RSS
 #: high-water marks 271-273 MiB at 15 s and 265-269 at 5 s over the first 5 minutes.  Not
