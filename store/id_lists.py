@@ -18,13 +18,15 @@ from functools import lru_cache
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 from sqlalchemy import BigInteger, Connection, bindparam, func, literal_column, select
 from sqlalchemy.sql import Executable
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.types import Text
 
 
-def in_ids(conn: Connection, column: Any, ids: Sequence[int]) -> ColumnElement[bool]:
+def in_ids(conn: Connection, column: Any, ids: Sequence[int] | npt.NDArray[np.int64]
+           ) -> ColumnElement[bool]:
     """``column IN ids`` for ``conn``'s backend (``ids``: ints), the list bound in place.
 
     PostgreSQL keeps a parameter per id: bound as one ``bigint[]`` (``= ANY``), the statement
@@ -61,7 +63,7 @@ def _in(dialect: str, column: Any, param: Any) -> ColumnElement[bool]:
     return column.in_(listed)  # type: ignore[no-any-return]
 
 
-def ids_value(conn: Connection, ids: Sequence[int]) -> Any:
+def ids_value(conn: Connection, ids: Sequence[int] | npt.NDArray[np.int64]) -> Any:
     """What the id list is bound to for ``ids`` on ``conn``'s backend: the ints on
     PostgreSQL, one JSON array of them on SQLite."""
     values = ids.tolist() if isinstance(ids, np.ndarray) else list(map(int, ids))

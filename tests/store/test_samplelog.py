@@ -4,7 +4,9 @@ reading through it, and moving it into chunks without changing any answer."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from contextlib import nullcontext
+from itertools import groupby
 from typing import Any
 
 import numpy as np
@@ -319,6 +321,71 @@ def test_a_target_just_over_the_budget_is_cut_between_names_each_row_decoded_onc
     assert {n: store.read(Query(n, start=T, end=T + 60)).series() for n in "xy"} == before
 
 
+def _pack_reference(listing: list[tuple[str | None, int, int]], budget: int) -> list[list[int]]:
+    """The move's groups of ``listing`` ((target, owner, samples) in target order) as the
+    rule says, one object at a time: a target is a unit, or each of its owners one when it
+    holds more than ``budget`` (the owners of no target are one unit whatever their size); a
+    group takes consecutive units of one kind (whole targets, or one target's owners) while
+    they fit."""
+    units: list[tuple[str | None, list[int], int]] = []
+    for target, rows in groupby(listing, key=lambda r: r[0]):
+        sizes = [(owner, n) for _, owner, n in rows]
+        total = sum(n for _, n in sizes)
+        if total <= budget or target is None:
+            units.append((None, [owner for owner, _ in sizes], total))
+        else:
+            units += [(target, [owner], n) for owner, n in sizes]
+    groups: list[list[int]] = []
+    size = 0
+    kind: str | None = ""  # not a kind: the first unit starts a group
+    for kind_of, owners, n in units:
+        if groups and kind_of == kind and size + n <= budget:
+            groups[-1] += owners
+            size += n
+            continue
+        groups.append(list(owners))
+        size, kind = n, kind_of
+    return groups
+
+
+@given(st.lists(st.tuples(st.sampled_from([None, "a", "b", "c", "d"]), st.integers(1, 12)),
+                max_size=40), st.integers(1, 30))
+@settings(max_examples=300, deadline=None)
+def test_the_move_packs_its_groups_from_arrays_as_the_rule_says(
+    rows: list[tuple[str | None, int]], budget: int
+) -> None:
+    # Grouped as the listing streams (target order, NULL first as SQLite sorts it), in arrays.
+    listing = [(target, owner, n) for owner, (target, n) in enumerate(
+        sorted(rows, key=lambda r: (r[0] is not None, r[0] or "")), 100)]
+    starts = [i for i, r in enumerate(listing) if i == 0 or r[0] != listing[i - 1][0]]
+    unowned = [k for k, i in enumerate(starts) if listing[i][0] is None]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(samplelog, "TRANSPOSE_SAMPLES", budget)
+        groups = samplelog._pack(np.array([r[1] for r in listing], np.int64),
+                                 np.array([r[2] for r in listing], np.int64),
+                                 np.array(starts, np.int64), unowned)
+    assert [g.owners.tolist() for g in groups] == _pack_reference(listing, budget)
+
+
+def test_log_rows_of_an_owner_no_target_holds_move_with_the_rest(
+    make_store: Callable[..., Store], caplog: pytest.LogCaptureFixture
+) -> None:
+    store = make_store()
+    for k in range(3):
+        store.write("kept", T + k * 15, [Sample("x", (), float(k)), Sample("y", (), 1.0)])
+        store.write("lost", T + k * 15, [Sample("x", (), float(k))])
+        store.flush()
+    before = store.read(Query("x", start=T, end=T + 60)).series()
+    assert len(before) == 2
+    o = t.sample_log_owners.c
+    with transaction(raw_engine(store), write=True) as conn:
+        conn.execute(t.sample_log_owners.delete().where(o.target == "lost"))
+    assert _move(store) == 3 * 3
+    assert "belong to no owner; they are moved anyway" in caplog.text
+    assert _table_counts(store)[0] == 0
+    assert store.read(Query("x", start=T, end=T + 60)).series() == before
+
+
 def _record_groups(monkeypatch: pytest.MonkeyPatch) -> list[samplelog._Group]:
     """The groups the next moves take, in order (``samplelog._move`` recorded, then run)."""
     groups: list[samplelog._Group] = []
@@ -346,7 +413,7 @@ def _owned_by(store: Store, group: samplelog._Group) -> list[tuple[str, str]]:
     o = t.sample_log_owners.c
     with transaction(raw_engine(store), write=False) as conn:
         return sorted(tuple(r) for r in conn.execute(
-            select(o.target, o.name).where(o.id.in_(group.owners))))
+            select(o.target, o.name).where(o.id.in_(group.owners.tolist()))))
 
 
 def _fill_four_targets(store: Store) -> list[Any]:
@@ -870,7 +937,7 @@ def test_a_name_larger_than_a_move_transaction_is_moved_a_batch_of_series_at_a_t
         with transaction(raw_engine(redone), write=True) as conn:
             seqs = samplelog._listed(conn, select(f.seq))
             owners = list(conn.execute(select(t.sample_log_owners.c.id)).scalars())
-            group = samplelog._Group(owners)
+            group = samplelog._Group(np.array(owners, np.int64))
             assert samplelog._move(conn, seqs, (1 << 63) - 1, group, redo=False) == 55
             assert samplelog._move(conn, seqs, (1 << 63) - 1, group, redo=True) == 55
         assert _chunk_rows(redone) == _chunk_rows(whole)
@@ -933,7 +1000,7 @@ def test_postgres_finds_a_few_owners_log_rows_by_key_whatever_its_statistics(
             flushes = samplelog._listed(conn, select(t.sample_log_flushes.c.seq))
             assert isinstance(flushes, list) and len(flushes) == 40
             move = _plan(conn, samplelog._group_rows(
-                conn, flushes, (T + 3600) * 1000, samplelog._Group(list(owners))))
+                conn, flushes, (T + 3600) * 1000, samplelog._Group(np.fromiter(owners, np.int64))))
     finally:
         s.close()
     for plan in (read, move):
