@@ -768,8 +768,8 @@ def _groups(engine: Engine, seqs: Any, cutoff: int) -> list[_Group]:
     ``bench.fleet`` at 1,000 targets: 72,730 blocks made by the row fetch, alive minutes into
     the move).  CPython hands an arena of small objects back only once every one in it is
     freed, and the collector's RSS after each trim stayed higher after the move than before
-    it: 264 -> 269-280 MiB.  In arrays (the same bench, 40 minutes, the move in the window):
-    259-262 MiB before the move, 260-264 after it.
+    it: 262-266 -> 269-280 MiB.  In arrays (the same bench, 40 minutes, the move in the
+    window): 256-263 MiB before the move, 260-272 after it.
     """
     c, o = t.sample_log.c, t.sample_log_owners.c
     # Summed per owner (an integer: the smallest thing to sort), then each owner's target
