@@ -793,8 +793,7 @@ def _groups(engine: Engine, seqs: Any, cutoff: int) -> list[_Group]:
             cursor = result.cursor
             while batch := cursor.fetchmany(LIST_BATCH):
                 owner_parts.append(np.fromiter((r[1] for r in batch), np.int64, len(batch)))
-                # PostgreSQL sums a bigint to a numeric: int() of a Decimal.
-                n_parts.append(np.fromiter((int(r[2]) for r in batch), np.int64, len(batch)))
+                n_parts.append(np.fromiter((r[2] for r in batch), np.int64, len(batch)))
                 for i, (target, _, _) in enumerate(batch):
                     if target != last:
                         if target is None:
