@@ -8,6 +8,7 @@ watermarks, the horizons that keep a rollup from summarising a half-deleted buck
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from contextlib import nullcontext
 
 import numpy as np
@@ -28,7 +29,7 @@ from tritonwatch.store.maintenance import (
     ceil_ms,
     int_meta,
     never,
-    series_ids,
+    series_id_batch,
     watermarks,
 )
 from tritonwatch.store.query import ROLLUP_1H_MS, ROLLUP_5M_MS, merge_rows
@@ -38,6 +39,21 @@ log = logging.getLogger(__name__)
 
 # Straddling chunks rewritten per transaction (3 bound parameters each).
 _CUT_BATCH = 1000
+
+
+def _series_batches(engine: Engine) -> Iterator[list[int]]:
+    """The series ids, :data:`ID_BATCH` at a time in order, each batch read in a transaction of
+    its own (``maintenance.series_id_batch``: not one list of them all, held for the pass)."""
+    after: int | None = None
+    while True:
+        with transaction(engine, write=False) as conn:
+            batch = series_id_batch(conn, after, ID_BATCH)
+        if batch:
+            yield batch
+        if len(batch) < ID_BATCH:
+            return
+        after = batch[-1]
+
 
 def _delete_rollups_before(
     engine: Engine, table: Table, res: int, cutoff_ms: int, *, batch_rows: int, gate: Gate,
@@ -50,13 +66,10 @@ def _delete_rollups_before(
     most ``batch_rows`` per transaction, walking the series ids (range scans of the primary
     key); a chunk straddling it is rewritten with its buckets from the cutoff on, same ``seq``.
     """
-    with transaction(engine, write=False) as conn:
-        ids = series_ids(conn)
     c = table.c
     key = tuple_(c.series_id, c.start_ms, c.seq)
     deleted = 0
-    for i in range(0, len(ids), ID_BATCH):
-        batch = ids[i : i + ID_BATCH].tolist()
+    for batch in _series_batches(engine):
         old = (c.series_id.in_(batch), c.start_ms < cutoff_ms)
         while True:
             if stop():
@@ -104,13 +117,10 @@ def _delete_chunks_before(
     ``seq``, so it keeps its place in write order).  Under the rollup lock, so that a
     compaction never writes back samples deleted here.
     """
-    with transaction(engine, write=False) as conn:
-        ids = series_ids(conn)
     c = t.sample_chunks.c
     key = tuple_(c.series_id, c.start_ms, c.seq)
     deleted = 0
-    for i in range(0, len(ids), ID_BATCH):
-        batch = ids[i : i + ID_BATCH].tolist()
+    for batch in _series_batches(engine):
         old = (c.series_id.in_(batch), c.start_ms < cutoff_ms)
         while True:
             if stop():

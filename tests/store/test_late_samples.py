@@ -9,8 +9,10 @@ from collections.abc import Callable
 
 import psycopg
 import pytest
+from sqlalchemy import func, select
 
 from tests.store_sql import raw_engine
+from tritonwatch.schemas import tables as t
 from tritonwatch.schemas.samples import Sample
 from tritonwatch.store import Query, Store, maintenance, open_store
 from tritonwatch.store.engine import transaction
@@ -242,3 +244,46 @@ def test_a_late_flush_between_two_batches_of_a_step_stops_its_watermark(
     a, b = store.read(Query("x", start=T, end=T + 3599, step=300, agg="count")).series()
     assert (a.target, a.values[3], sum(a.values)) == ("a", 21.0, 241.0)
     assert (b.target, sum(b.values)) == ("b", 240.0)
+
+
+@pytest.mark.parametrize("n_series", [4, 5])
+def test_maintenance_walks_every_series_a_batch_at_a_time(
+    make_store: Callable[[], Store], monkeypatch: pytest.MonkeyPatch, n_series: int
+) -> None:
+    # Rollups, compaction and retention list the series a batch at a time, each batch the ids
+    # above the last one's (``maintenance.series_id_batch``).  With batches of 2, every series
+    # is still rolled up, compacted and cut, whether the last batch is full (4: the walk ends
+    # on an empty one) or not (5).
+    from tritonwatch.store import retention
+
+    monkeypatch.setattr(maintenance, "ID_BATCH", 2)
+    monkeypatch.setattr(maintenance, "_COMPACT_IDS", 2)
+    monkeypatch.setattr(retention, "ID_BATCH", 2)
+    store = make_store()
+    targets = [f"t{k}" for k in range(n_series)]
+    for target in targets:
+        write(store, T, T + 7200, target)
+    store.flush()
+    store.maintenance.rollup(T + 7200 + 600)
+    # A late sample in the first hour of every series: a second chunk there, which the next
+    # run's compaction merges (the flush marked the hour), and a bucket rolled up again.
+    for target in targets:
+        store.write(target, T + 10, [Sample("x", (), 1.0)])
+    store.flush()
+    store.maintenance.rollup(T + 7200 + 900)
+
+    c = t.sample_chunks.c
+    with transaction(raw_engine(store), write=False) as conn:
+        per_series = conn.execute(
+            select(c.series_id, func.count()).group_by(c.series_id)).all()
+    assert sorted(n for _, n in per_series) == [2] * n_series  # one chunk an hour each
+    hourly = store.read(Query("x", start=T, end=T + 7199, step=3600, agg="count")).series()
+    assert sorted(d.target for d in hourly) == targets
+    assert all(d.values == (241.0, 240.0) for d in hourly)
+
+    store.maintenance.apply_retention(T + 7200 + 86400,
+                                      raw_s=86400, rollup_5m_s=1e8, rollup_1h_s=1e8)
+    assert store.read(Query("x", start=T, end=T + 7199)).series() == []
+    hourly = store.read(Query("x", start=T, end=T + 7199, step=3600, agg="count")).series()
+    assert sorted(d.target for d in hourly) == targets
+    assert all(d.values == (241.0, 240.0) for d in hourly)
