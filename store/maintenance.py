@@ -261,6 +261,26 @@ def series_id_batch(conn: Connection, after: int | None, size: int) -> list[int]
     return list(conn.execute(stmt).scalars())
 
 
+def _walk_series(engine: Engine, size: int, work: Callable[[Connection, list[int]], int], *,
+                 gate: Gate, stop: Stop) -> int:
+    """``work`` on every series, ``size`` at a time, each batch listed and worked in one write
+    transaction under the rollup lock; returns the sum of what ``work`` returned."""
+    done = 0
+    after: int | None = None
+    while True:
+        if stop():
+            raise Stopped
+        with gate, transaction(engine, write=True) as conn:
+            advisory_lock(conn, _PG_LOCK_ROLLUP)
+            batch = series_id_batch(conn, after, size)
+            if not batch:
+                return done
+            done += work(conn, batch)
+        if len(batch) < size:
+            return done
+        after = batch[-1]
+
+
 def _rollup_raw(conn: Connection, dst: Table, batch: list[int], *, lo: int, hi: int,
                 res: int) -> int:
     # Rollup rows of a batch of series from raw samples, decoded and aggregated in numpy.
@@ -341,23 +361,14 @@ def _roll(
             # by a late flush: that stands.
             opened = int_meta(conn, rolling)
             set_meta(conn, rolling, str(step_hi if opened is None else min(opened, step_hi)))
-        after: int | None = None
-        while True:
-            if stop():
-                raise Stopped
-            with gate, transaction(engine, write=True) as conn:
-                advisory_lock(conn, _PG_LOCK_ROLLUP)
-                batch = series_id_batch(conn, after, ID_BATCH)
-                if not batch:
-                    break
-                if raw:
-                    written += _rollup_raw(conn, dst, batch, lo=lo, hi=step_hi, res=res)
-                else:
-                    written += _rollup_rollups(conn, src, dst, batch, lo=lo, hi=step_hi,
-                                               res=res, src_res=ROLLUP_5M_MS)
-            if len(batch) < ID_BATCH:
-                break
-            after = batch[-1]
+
+        def roll(conn: Connection, batch: list[int], lo: int = lo, hi: int = step_hi) -> int:
+            if raw:
+                return _rollup_raw(conn, dst, batch, lo=lo, hi=hi, res=res)
+            return _rollup_rollups(conn, src, dst, batch, lo=lo, hi=hi, res=res,
+                                   src_res=ROLLUP_5M_MS)
+
+        written += _walk_series(engine, ID_BATCH, roll, gate=gate, stop=stop)
         with gate, transaction(engine, write=True) as conn:
             advisory_lock(conn, _PG_LOCK_ROLLUP)
             done = int_meta(conn, rolling)
@@ -452,20 +463,10 @@ def compact(
             set_meta(conn, COMPACT_BUSY, str(window))
         # Each batch lists its series afresh: the late flush that marked the window may have
         # created series.
-        after: int | None = None
-        while True:
-            if stop():
-                raise Stopped
-            with gate, transaction(engine, write=True) as conn:
-                advisory_lock(conn, _PG_LOCK_ROLLUP)
-                batch = series_id_batch(conn, after, _COMPACT_IDS)
-                if not batch:
-                    break
-                removed += _compact_window(conn, batch, window)
-                removed += _compact_rollups(conn, batch, window)
-            if len(batch) < _COMPACT_IDS:
-                break
-            after = batch[-1]
+        def merge(conn: Connection, batch: list[int], window: int = window) -> int:
+            return _compact_window(conn, batch, window) + _compact_rollups(conn, batch, window)
+
+        removed += _walk_series(engine, _COMPACT_IDS, merge, gate=gate, stop=stop)
         with gate, transaction(engine, write=True) as conn:
             advisory_lock(conn, _PG_LOCK_ROLLUP)
             if int_meta(conn, COMPACT_BUSY) == window:

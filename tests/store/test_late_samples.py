@@ -14,7 +14,7 @@ from sqlalchemy import func, select
 from tests.store_sql import raw_engine
 from tritonwatch.schemas import tables as t
 from tritonwatch.schemas.samples import Sample
-from tritonwatch.store import Query, Store, maintenance, open_store
+from tritonwatch.store import Query, Store, maintenance, open_store, retention
 from tritonwatch.store.engine import transaction
 from tritonwatch.store.maintenance import _PG_LOCK_ROLLUP, WATERMARK_5M, watermarks
 from tritonwatch.store.query import ROLLUP_1H_MS, ROLLUP_5M_MS
@@ -254,8 +254,6 @@ def test_maintenance_walks_every_series_a_batch_at_a_time(
     # above the last one's (``maintenance.series_id_batch``).  With batches of 2, every series
     # is still rolled up, compacted and cut, whether the last batch is full (4: the walk ends
     # on an empty one) or not (5).
-    from tritonwatch.store import retention
-
     monkeypatch.setattr(maintenance, "ID_BATCH", 2)
     monkeypatch.setattr(maintenance, "_COMPACT_IDS", 2)
     monkeypatch.setattr(retention, "ID_BATCH", 2)
